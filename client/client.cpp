@@ -1,0 +1,767 @@
+#include "client/client.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "client/client_impl.hpp"
+#include "ipc/names.hpp"
+
+namespace smddp::client {
+
+using Clock = std::chrono::steady_clock;
+using ipc::BufferKind;
+using ipc::OpType;
+
+namespace {
+
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kSlice = std::chrono::milliseconds(20);
+constexpr auto kHeartbeatStale = std::chrono::seconds(3);
+constexpr auto kBackstop = std::chrono::seconds(15);  // beyond the daemon's own timeout
+constexpr auto kDefaultTimeout = std::chrono::milliseconds(30 * 60 * 1000);
+
+int env_int(const char* name, bool required, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) {
+    if (required)
+      throw Error(Status::InvalidRequest, std::string("environment variable ") + name +
+                                              " is not set; start ranks with smddprun, mpirun or torchrun");
+    return fallback;
+  }
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0 || x > (1 << 24))
+    throw Error(Status::InvalidRequest, std::string("environment variable ") + name + "='" + v + "' is not a valid number");
+  return static_cast<int>(x);
+}
+
+// Elements of staging per element of a chunk, for the most demanding role of the op; the
+// same on every rank, so every rank cuts the same chunks.
+std::uint64_t stage_multiplier(OpType op, std::uint64_t n) {
+  switch (op) {
+    case OpType::AllReduce:
+    case OpType::Broadcast:
+    case OpType::Send:
+    case OpType::Recv:
+      return 1;
+    case OpType::Reduce: return 2;
+    case OpType::AllGather:
+    case OpType::ReduceScatter:
+    case OpType::Gather:
+    case OpType::Scatter:
+      return n + 1;
+    case OpType::AllToAll: return 2 * n;
+    case OpType::Barrier:
+    case OpType::CommCreate:
+      return 0;
+  }
+  return 1;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// AttachOptions / attach
+
+AttachOptions AttachOptions::from_env() {
+  AttachOptions o;
+  const char* job = std::getenv("SMDDP_JOB_ID");
+  if (!job || !*job)
+    throw Error(Status::InvalidRequest,
+                "SMDDP_JOB_ID is not set: no smddp daemon was started for this job. Launch with "
+                "'smddprun [--nproc-per-node N] -- python train.py', or with mpirun/torchrun and the smddp "
+                "PyTorch backend, which starts one");
+  o.job_id = job;
+  o.node_id = env_int("SMDDP_NODE_ID", false, 0);
+  o.rank = env_int("RANK", true, 0);
+  o.world_size = env_int("WORLD_SIZE", true, 0);
+  o.local_rank = env_int("LOCAL_RANK", true, 0);
+  o.local_world_size = env_int("LOCAL_WORLD_SIZE", true, 0);
+  return o;
+}
+
+std::shared_ptr<Client> Client::attach(const AttachOptions& opts) {
+  try {
+    ipc::check_job_id(opts.job_id);
+  } catch (const std::exception& e) {
+    throw Error(Status::InvalidRequest, e.what());
+  }
+  const auto deadline = Clock::now() + opts.attach_timeout;
+  std::string last_error;
+  for (;;) {
+    try {
+      auto seg = ipc::Segment::attach(opts.job_id, opts.node_id);
+      auto& h = seg.header();
+      // Wait for the daemon to finish starting.
+      while (h.state.load(std::memory_order_acquire) == static_cast<std::uint32_t>(ipc::DaemonState::Starting) &&
+             Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      auto client = std::make_shared<ClientImpl>(opts, std::move(seg));
+      client->start();
+      return client;
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      last_error = e.what();
+      if (std::string_view(last_error).find("version mismatch") != std::string_view::npos)
+        throw Error(Status::InvalidRequest, last_error);
+    }
+    if (Clock::now() >= deadline)
+      throw Error(Status::PeerFailed,
+                  "cannot reach the smddp daemon of job " + opts.job_id + " on node " + std::to_string(opts.node_id) +
+                      " after " + std::to_string(opts.attach_timeout.count() / 1000) + " s (" + last_error +
+                      "). Start the job with 'smddprun [--nproc-per-node N] -- python train.py', or with "
+                      "mpirun/torchrun and backend='smddp', which starts a daemon itself");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// ClientImpl
+
+ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
+    : job_id_(o.job_id),
+      rank_(o.rank),
+      world_size_(o.world_size),
+      local_rank_(o.local_rank),
+      local_world_size_(o.local_world_size),
+      node_id_(o.node_id),
+      num_nodes_(segment.header().num_nodes),
+      daemon_pid_(segment.header().daemon_pid),
+      segment_(std::move(segment)),
+      slot_(segment_.slot(std::clamp(o.local_rank, 0, ipc::kMaxLocalRanks - 1))),
+      chunk_bytes_(segment_.header().chunk_bytes),
+      alloc_(segment_.header().arena_bytes) {
+  auto& h = segment_.header();
+  auto refuse = [&](const std::string& why) { throw Error(Status::InvalidRequest, why); };
+  if (o.local_rank < 0 || o.local_rank >= h.local_world_size)
+    refuse("LOCAL_RANK " + std::to_string(o.local_rank) + " is outside the daemon's " +
+           std::to_string(h.local_world_size) + " local ranks");
+  if (o.local_world_size != h.local_world_size)
+    refuse("LOCAL_WORLD_SIZE is " + std::to_string(o.local_world_size) + " but the daemon serves " +
+           std::to_string(h.local_world_size) + " ranks on this node");
+  if (o.world_size != h.world_size)
+    refuse("WORLD_SIZE is " + std::to_string(o.world_size) + " but the job has " + std::to_string(h.world_size) + " ranks");
+  if (o.rank != slot_.rank)
+    refuse("RANK " + std::to_string(o.rank) + " does not match local rank " + std::to_string(o.local_rank) +
+           " of node " + std::to_string(o.node_id) + " (the daemon expects rank " + std::to_string(slot_.rank) + ")");
+  arena_ = segment_.arena(o.local_rank);
+  std::uint32_t expected = static_cast<std::uint32_t>(ipc::SlotState::Empty);
+  if (!slot_.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(ipc::SlotState::Claiming)))
+    refuse("local rank " + std::to_string(o.local_rank) + " of job " + o.job_id + " is already registered (pid " +
+           std::to_string(slot_.pid) + ")");
+  slot_.pid = ::getpid();
+  std::strncpy(slot_.device_bus_id, o.device_bus_id.c_str(), ipc::kBusIdBytes - 1);
+  slot_.state.store(static_cast<std::uint32_t>(ipc::SlotState::Registered), std::memory_order_release);
+  h.daemon_bell.ring();
+  last_heartbeat_ = h.heartbeat.load(std::memory_order_relaxed);
+  heartbeat_seen_ = Clock::now();
+}
+
+void ClientImpl::start() {
+  progress_ = std::thread([this] { progress_thread(); });
+}
+
+ClientImpl::~ClientImpl() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  slot_.client_bell.ring();
+  if (progress_.joinable()) progress_.join();
+  std::uint32_t reg = static_cast<std::uint32_t>(ipc::SlotState::Registered);
+  slot_.state.compare_exchange_strong(reg, static_cast<std::uint32_t>(ipc::SlotState::Exited));
+}
+
+std::string ClientImpl::job_error() const {
+  std::lock_guard lk(mu_);
+  if (!dead_.empty()) return dead_;
+  auto& h = segment_.header();
+  if (h.job_failed.load(std::memory_order_acquire)) return std::string(h.job_error, ::strnlen(h.job_error, sizeof h.job_error));
+  return {};
+}
+
+void ClientImpl::run(std::vector<std::function<void()>>& callbacks) {
+  for (auto& cb : callbacks) cb();
+  callbacks.clear();
+}
+
+std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::milliseconds timeout) {
+  auto op = std::make_shared<OpState>(shared_from_this(), std::move(plan), timeout);
+  if (op->stage_bytes(0) > alloc_.capacity())
+    throw Error(Status::InvalidRequest, std::string(ipc::to_string(op->plan_.base.op)) + " needs " +
+                                            std::to_string(op->stage_bytes(0)) +
+                                            " bytes of staging at once, more than the arena of " +
+                                            std::to_string(alloc_.capacity()) +
+                                            " bytes (raise daemon.arena_mib)");
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard lk(mu_);
+    if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
+    if (op->plan_.base.op == OpType::Send || op->plan_.base.op == OpType::Recv) p2p_.push_back(op);
+    else queue_.push_back(op);
+    ++active_;
+    progress_locked(callbacks);
+  }
+  work_cv_.notify_one();
+  run(callbacks);
+  return op;
+}
+
+bool ClientImpl::submit_chunk_locked(OpState& op) {
+  if (inflight_.size() >= ipc::kCompletionRingCapacity) return false;
+  const std::uint64_t k = op.next_;
+  const auto& p = op.plan_;
+  const std::uint64_t cc = op.chunk_count(k);
+  const std::uint64_t e = ipc::dtype_size(p.base.dtype);
+  const std::uint64_t off = k * p.chunk;
+  const std::uint64_t bytes = op.stage_bytes(k);
+  auto at = alloc_.allocate(bytes);
+  if (!at) return false;
+
+  ipc::RequestDesc d = p.base;
+  d.request_id = next_request_id_++;
+  d.chunk_offset = p.unchunked ? 0 : off;
+  d.chunk_count = p.unchunked ? p.base.chunk_count : cc;
+  if (k + 1 == op.nchunks_) d.flags |= ipc::kFlagLastChunk;
+  std::uint64_t cursor = *at;
+  std::byte* base = arena_.data();
+  auto region = [&](std::uint64_t len) {
+    ipc::BufferRef r;
+    r.kind = BufferKind::Arena;
+    r.offset = cursor;
+    r.bytes = len;
+    cursor += (len + 63) / 64 * 64;
+    return r;
+  };
+  if (p.unchunked) {
+    if (p.in_bytes_total || p.base.op == OpType::AllToAll) {
+      d.input = region(p.in_bytes_total);
+      if (p.in_bytes_total) std::memcpy(base + d.input.offset, p.in, p.in_bytes_total);
+    }
+    if (p.out_bytes_total || p.base.op == OpType::AllToAll) d.output = region(p.out_bytes_total);
+  } else {
+    const std::uint64_t blk = cc * e;
+    if (p.in_blocks) {
+      d.input = region(p.in_blocks * blk);
+      for (std::uint64_t b = 0; b < p.in_blocks; ++b)
+        if (blk) std::memcpy(base + d.input.offset + b * blk, p.in + (b * p.user_stride + off) * e, blk);
+    }
+    if (p.in_place_stage) d.output = d.input;
+    else if (p.out_blocks) d.output = region(p.out_blocks * blk);
+  }
+  if (!p.aux.empty()) {
+    d.aux = region(p.aux.size());
+    std::memcpy(base + d.aux.offset, p.aux.data(), p.aux.size());
+  }
+  if (!slot_.requests.try_push(d)) {
+    alloc_.free(*at);
+    --next_request_id_;
+    return false;
+  }
+  const bool p2p = p.base.op == OpType::Send || p.base.op == OpType::Recv;
+  inflight_.emplace(d.request_id, Inflight{op.shared_from_this(), k, *at, p2p ? bytes : 0});
+  p2p_bytes_ += p2p ? bytes : 0;
+  ++op.next_;
+  ++op.inflight_;
+  return true;
+}
+
+void ClientImpl::finish_locked(OpState& op, std::vector<std::function<void()>>& callbacks) {
+  if (op.done_.load(std::memory_order_relaxed)) return;
+  op.done_.store(true, std::memory_order_release);
+  --active_;
+  for (auto& cb : op.callbacks_) callbacks.push_back(std::move(cb));
+  op.callbacks_.clear();
+}
+
+void ClientImpl::progress_locked(std::vector<std::function<void()>>& callbacks) {
+  // Completions first: they free arena space for submissions.
+  ipc::CompletionDesc c;
+  while (slot_.completions.try_pop(c) == ipc::SpscRing<ipc::CompletionDesc, ipc::kCompletionRingCapacity>::PopResult::Item) {
+    auto it = inflight_.find(c.request_id);
+    if (it == inflight_.end()) continue;  // answered after we gave up on it
+    auto inf = std::move(it->second);
+    inflight_.erase(it);
+    OpState& op = *inf.op;
+    --op.inflight_;
+    ++op.finished_;
+    if (c.status == Status::Ok && op.status_ == Status::Ok) {
+      const auto& p = op.plan_;
+      const std::uint64_t e = ipc::dtype_size(p.base.dtype);
+      const std::byte* base = arena_.data();
+      if (p.unchunked) {
+        if (p.out_bytes_total) {
+          const std::uint64_t out_off = inf.offset + (p.in_bytes_total + 63) / 64 * 64;
+          std::memcpy(p.out, base + out_off, p.out_bytes_total);
+        }
+      } else if (p.out_blocks) {
+        const std::uint64_t cc = op.chunk_count(inf.chunk);
+        const std::uint64_t blk = cc * e;
+        const std::uint64_t off = inf.chunk * p.chunk;
+        const std::uint64_t out_off =
+            p.in_place_stage ? inf.offset : inf.offset + (p.in_blocks * blk + 63) / 64 * 64;
+        for (std::uint64_t b = 0; b < p.out_blocks; ++b)
+          if (blk) std::memcpy(p.out + (b * p.user_stride + off) * e, base + out_off + b * blk, blk);
+      }
+    } else if (c.status != Status::Ok && op.status_ == Status::Ok) {
+      op.status_ = c.status;
+      op.error_ = std::string(c.error_text());
+      op.next_ = op.nchunks_;  // submit no more of it
+    }
+    alloc_.free(inf.offset);
+    p2p_bytes_ -= inf.p2p_bytes;
+    if (op.inflight_ == 0 && (op.finished_ == op.nchunks_ || op.status_ != Status::Ok)) finish_locked(op, callbacks);
+  }
+  // Submissions, strictly in issue order so every rank fills its arena alike.
+  bool pushed = false;
+  while (!queue_.empty()) {
+    auto& op = *queue_.front();
+    if (op.status_ != Status::Ok) op.next_ = op.nchunks_;
+    while (op.next_ < op.nchunks_ && submit_chunk_locked(op)) pushed = true;
+    if (op.next_ < op.nchunks_) break;
+    if (op.inflight_ == 0 && !op.done()) finish_locked(op, callbacks);
+    queue_.pop_front();
+  }
+  const std::uint64_t p2p_budget = alloc_.capacity() / 2, window = alloc_.capacity() / 8;
+  for (auto it = p2p_.begin(); it != p2p_.end();) {
+    auto& op = **it;
+    if (op.status_ != Status::Ok) op.next_ = op.nchunks_;
+    while (op.next_ < op.nchunks_) {
+      const std::uint64_t b = op.stage_bytes(op.next_);
+      // At least one chunk per op may always go, so every op makes progress.
+      if (op.inflight_ > 0 && (op.inflight_ * b >= window || p2p_bytes_ + b > p2p_budget)) break;
+      if (!submit_chunk_locked(op)) break;
+      pushed = true;
+    }
+    if (op.next_ < op.nchunks_) {
+      ++it;
+      continue;
+    }
+    if (op.inflight_ == 0 && !op.done()) finish_locked(op, callbacks);
+    it = p2p_.erase(it);
+  }
+  if (pushed) segment_.header().daemon_bell.ring();
+}
+
+void ClientImpl::fail_all_locked(Status s, const std::string& why, std::vector<std::function<void()>>& callbacks) {
+  std::vector<std::shared_ptr<OpState>> ops;
+  for (auto& [id, inf] : inflight_) ops.push_back(inf.op);
+  for (auto& op : queue_) ops.push_back(op);
+  for (auto& op : p2p_) ops.push_back(op);
+  for (auto& op : ops) {
+    if (op->status_ == Status::Ok) {
+      op->status_ = s;
+      op->error_ = why;
+    }
+    finish_locked(*op, callbacks);
+  }
+  queue_.clear();
+  p2p_.clear();
+  // Regions stay allocated: a dead daemon will never answer for them.
+  inflight_.clear();
+}
+
+bool ClientImpl::check_liveness_locked(std::vector<std::function<void()>>& callbacks) {
+  if (!dead_.empty()) return false;
+  auto& h = segment_.header();
+  const auto now = Clock::now();
+  const auto hb = h.heartbeat.load(std::memory_order_relaxed);
+  if (hb != last_heartbeat_) {
+    last_heartbeat_ = hb;
+    heartbeat_seen_ = now;
+  }
+  std::string why;
+  if (!ipc::process_alive(daemon_pid_)) why = "exited";
+  else if (now - heartbeat_seen_ > kHeartbeatStale) why = "stopped responding";
+  if (why.empty()) return true;
+  dead_ = "smddp daemon (pid " + std::to_string(daemon_pid_) + ") on node " + std::to_string(node_id_) + " died (" +
+          why + ")";
+  if (h.job_failed.load(std::memory_order_acquire))
+    dead_ += "; the job had failed before: " + std::string(h.job_error, ::strnlen(h.job_error, sizeof h.job_error));
+  // The daemon cannot remove its segment and socket any more; do it for it.
+  if (why == "exited") {
+    ipc::Segment::remove_if_stale(job_id_, node_id_);
+    std::error_code ec;
+    std::filesystem::remove(ipc::socket_path(job_id_, node_id_), ec);
+  }
+  fail_all_locked(Status::PeerFailed, dead_, callbacks);
+  return false;
+}
+
+bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
+  std::vector<std::function<void()>> callbacks;
+  const auto ready = [&] { return op.done() || !slot_.completions.empty(); };
+  while (!op.done()) {
+    {
+      std::lock_guard lk(mu_);
+      progress_locked(callbacks);
+      if (!op.done() && Clock::now() >= op.deadline_) {
+        if (op.status_ == Status::Ok) {
+          op.status_ = Status::Timeout;
+          op.error_ = "no answer from the smddp daemon for " + std::string(ipc::to_string(op.plan_.base.op)) +
+                      " well past its timeout";
+        }
+        // Its regions stay allocated; the daemon may still write them.
+        for (auto it = inflight_.begin(); it != inflight_.end();)
+          it = it->second.op.get() == &op ? inflight_.erase(it) : std::next(it);
+        std::erase_if(queue_, [&](const auto& q) { return q.get() == &op; });
+        std::erase_if(p2p_, [&](const auto& q) { return q.get() == &op; });
+        finish_locked(op, callbacks);
+      }
+    }
+    run(callbacks);
+    if (op.done()) break;
+    if (Clock::now() >= until) return false;
+    ipc::spin_then_wait(slot_.client_bell, ready, std::min(until, op.deadline_), kSpin,
+                        std::chrono::duration_cast<std::chrono::microseconds>(kSlice), [&] {
+                          std::lock_guard lk(mu_);
+                          const bool alive = check_liveness_locked(callbacks);
+                          return alive;
+                        });
+    run(callbacks);
+  }
+  return true;
+}
+
+void ClientImpl::progress_thread() {
+  std::vector<std::function<void()>> callbacks;
+  std::unique_lock lk(mu_);
+  for (;;) {
+    work_cv_.wait(lk, [&] { return stop_ || active_ > 0; });
+    if (stop_) return;
+    progress_locked(callbacks);
+    const bool idle = active_ == 0;
+    lk.unlock();
+    run(callbacks);
+    if (!idle) {
+      const auto t = slot_.client_bell.ticket();
+      if (slot_.completions.empty()) slot_.client_bell.wait(t, std::chrono::duration_cast<std::chrono::microseconds>(kSlice));
+    }
+    lk.lock();
+    check_liveness_locked(callbacks);
+    if (!callbacks.empty()) {
+      lk.unlock();
+      run(callbacks);
+      lk.lock();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// OpState
+
+OpState::OpState(std::shared_ptr<ClientImpl> client, OpPlan plan, std::chrono::milliseconds timeout)
+    : client_(std::move(client)), plan_(std::move(plan)) {
+  if (!plan_.unchunked && plan_.block > 0) nchunks_ = (plan_.block + plan_.chunk - 1) / plan_.chunk;
+  deadline_ = Clock::now() + timeout + kBackstop;
+}
+
+std::uint64_t OpState::chunk_count(std::uint64_t k) const {
+  if (plan_.unchunked || plan_.block == 0) return 0;
+  return std::min(plan_.chunk, plan_.block - k * plan_.chunk);
+}
+
+std::uint64_t OpState::stage_bytes(std::uint64_t k) const {
+  const auto r64 = [](std::uint64_t v) { return (v + 63) / 64 * 64; };
+  std::uint64_t b = r64(plan_.aux.size());
+  if (plan_.unchunked) return b + r64(plan_.in_bytes_total) + r64(plan_.out_bytes_total);
+  const std::uint64_t blk = chunk_count(k) * ipc::dtype_size(plan_.base.dtype);
+  b += r64(plan_.in_blocks * blk);
+  if (!plan_.in_place_stage) b += r64(plan_.out_blocks * blk);
+  return b;
+}
+
+bool OpState::test() {
+  if (done()) return true;
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard lk(client_->mutex());
+    client_->progress_locked(callbacks);
+  }
+  for (auto& cb : callbacks) cb();
+  return done();
+}
+
+void OpState::wait(std::chrono::milliseconds timeout) {
+  const auto until = timeout.count() > 0 ? Clock::now() + timeout : Clock::time_point::max();
+  if (!client_->wait_for(*this, until))
+    throw Error(Status::Timeout, std::string(ipc::to_string(plan_.base.op)) + " did not finish within " +
+                                     std::to_string(timeout.count()) + " ms");
+  std::lock_guard lk(client_->mutex());
+  if (status_ != Status::Ok) throw Error(status_, error_);
+}
+
+Status OpState::status() const {
+  std::lock_guard lk(client_->mutex());
+  return status_;
+}
+
+std::string OpState::error() const {
+  std::lock_guard lk(client_->mutex());
+  return error_;
+}
+
+void OpState::on_complete(std::function<void()> cb) {
+  {
+    std::lock_guard lk(client_->mutex());
+    if (!done()) {
+      callbacks_.push_back(std::move(cb));
+      return;
+    }
+  }
+  cb();
+}
+
+// ---------------------------------------------------------------------------------------
+// Communicator
+
+namespace {
+
+class CommImpl final : public Communicator {
+ public:
+  CommImpl(std::shared_ptr<ClientImpl> client, std::uint64_t id, std::vector<int> ranks, int my_rank)
+      : client_(std::move(client)), id_(id), ranks_(std::move(ranks)), rank_(my_rank) {}
+
+  std::uint64_t id() const override { return id_; }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& global_ranks() const override { return ranks_; }
+  std::chrono::milliseconds default_timeout() const override { return timeout_; }
+  void set_default_timeout(std::chrono::milliseconds t) override { timeout_ = t.count() > 0 ? t : kDefaultTimeout; }
+
+  WorkPtr allreduce(const void* in, void* out, std::uint64_t count, DType t, ReduceOp op,
+                    const CallOptions& o) override {
+    auto p = plan(OpType::AllReduce, t, count, o);
+    p.base.reduce_op = op;
+    p.in = static_cast<const std::byte*>(in);
+    p.out = static_cast<std::byte*>(out);
+    p.in_blocks = p.out_blocks = 1;
+    p.in_place_stage = true;
+    return go(std::move(p), o);
+  }
+  WorkPtr broadcast(void* buf, std::uint64_t count, DType t, int root, const CallOptions& o) override {
+    auto p = plan(OpType::Broadcast, t, count, o);
+    check_root(root);
+    p.base.root = root;
+    p.in = static_cast<const std::byte*>(buf);
+    p.out = static_cast<std::byte*>(buf);
+    if (rank_ == root) {
+      p.in_blocks = 1;
+      p.in_place_stage = true;  // the daemon reads the root's region; nothing comes back
+    } else {
+      p.out_blocks = 1;
+    }
+    return go(std::move(p), o);
+  }
+  WorkPtr reduce(const void* in, void* out, std::uint64_t count, DType t, ReduceOp op, int root,
+                 const CallOptions& o) override {
+    auto p = plan(OpType::Reduce, t, count, o);
+    check_root(root);
+    p.base.root = root;
+    p.base.reduce_op = op;
+    p.in = static_cast<const std::byte*>(in);
+    p.out = static_cast<std::byte*>(out);
+    p.in_blocks = 1;
+    p.out_blocks = rank_ == root ? 1 : 0;
+    return go(std::move(p), o);
+  }
+  WorkPtr allgather(const void* in, void* out, std::uint64_t count, DType t, const CallOptions& o) override {
+    auto p = plan(OpType::AllGather, t, count, o);
+    if (o.sdp) p.base.flags |= ipc::kFlagSdp;
+    p.in = static_cast<const std::byte*>(in);
+    p.out = static_cast<std::byte*>(out);
+    p.in_blocks = 1;
+    p.out_blocks = static_cast<std::uint64_t>(size());
+    return go(std::move(p), o);
+  }
+  WorkPtr reduce_scatter(const void* in, void* out, std::uint64_t count, DType t, ReduceOp op,
+                         const CallOptions& o) override {
+    auto p = plan(OpType::ReduceScatter, t, count, o);
+    p.base.reduce_op = op;
+    p.in = static_cast<const std::byte*>(in);
+    p.out = static_cast<std::byte*>(out);
+    p.in_blocks = static_cast<std::uint64_t>(size());
+    p.out_blocks = 1;
+    return go(std::move(p), o);
+  }
+  WorkPtr alltoall(const void* in, void* out, std::uint64_t count, DType t, const CallOptions& o) override {
+    auto p = plan(OpType::AllToAll, t, count, o);
+    p.in = static_cast<const std::byte*>(in);
+    p.out = static_cast<std::byte*>(out);
+    p.in_blocks = p.out_blocks = static_cast<std::uint64_t>(size());
+    return go(std::move(p), o);
+  }
+  WorkPtr alltoallv(const void* in, const std::vector<std::uint64_t>& send, void* out,
+                    const std::vector<std::uint64_t>& recv, DType t, const CallOptions& o) override {
+    const auto n = static_cast<std::size_t>(size());
+    if (send.size() != n || recv.size() != n)
+      throw Error(Status::InvalidRequest, "alltoall split lists must have one entry per rank (" + std::to_string(n) + ")");
+    std::uint64_t total_send = 0, total_recv = 0;
+    for (auto v : send) total_send += v;
+    for (auto v : recv) total_recv += v;
+    // count stays 0: totals differ per rank by design; the daemon cross-checks the tables.
+    auto p = plan(OpType::AllToAll, t, 0, o);
+    p.unchunked = true;
+    p.base.flags |= ipc::kFlagSplits;
+    p.in = static_cast<const std::byte*>(in);
+    p.out = static_cast<std::byte*>(out);
+    const std::uint64_t e = ipc::dtype_size(t);
+    p.in_bytes_total = total_send * e;
+    p.out_bytes_total = total_recv * e;
+    std::vector<std::int64_t> table;
+    for (auto v : send) table.push_back(static_cast<std::int64_t>(v));
+    for (auto v : recv) table.push_back(static_cast<std::int64_t>(v));
+    p.aux.resize(table.size() * sizeof(std::int64_t));
+    std::memcpy(p.aux.data(), table.data(), p.aux.size());
+    return go(std::move(p), o);
+  }
+  WorkPtr barrier(const CallOptions& o) override {
+    auto p = plan(OpType::Barrier, DType::UInt8, 0, o);
+    return go(std::move(p), o);
+  }
+  WorkPtr send(const void* buf, std::uint64_t count, DType t, int peer, int tag, const CallOptions& o) override {
+    auto p = plan_p2p(OpType::Send, t, count, peer, tag, o);
+    p.in = static_cast<const std::byte*>(buf);
+    p.in_blocks = 1;
+    return go(std::move(p), o);
+  }
+  WorkPtr recv(void* buf, std::uint64_t count, DType t, int peer, int tag, const CallOptions& o) override {
+    auto p = plan_p2p(OpType::Recv, t, count, peer, tag, o);
+    p.out = static_cast<std::byte*>(buf);
+    p.out_blocks = 1;
+    return go(std::move(p), o);
+  }
+  WorkPtr gather(const void* in, void* out, std::uint64_t count, DType t, int root, const CallOptions& o) override {
+    auto p = plan(OpType::Gather, t, count, o);
+    check_root(root);
+    p.base.root = root;
+    p.in = static_cast<const std::byte*>(in);
+    p.out = static_cast<std::byte*>(out);
+    p.in_blocks = 1;
+    p.out_blocks = rank_ == root ? static_cast<std::uint64_t>(size()) : 0;
+    return go(std::move(p), o);
+  }
+  WorkPtr scatter(const void* in, void* out, std::uint64_t count, DType t, int root, const CallOptions& o) override {
+    auto p = plan(OpType::Scatter, t, count, o);
+    check_root(root);
+    p.base.root = root;
+    p.in = static_cast<const std::byte*>(in);
+    p.out = static_cast<std::byte*>(out);
+    p.in_blocks = rank_ == root ? static_cast<std::uint64_t>(size()) : 0;
+    p.out_blocks = 1;
+    return go(std::move(p), o);
+  }
+
+  // Used by create_communicator: the CommCreate request rides the same machinery.
+  std::shared_ptr<OpState> create(std::uint64_t new_id, const std::vector<int>& members, std::chrono::milliseconds t) {
+    OpPlan p;
+    p.base.op = OpType::CommCreate;
+    p.base.comm_id = new_id;
+    p.base.seq = 0;
+    p.base.count = members.size();
+    p.base.dtype = DType::Int32;
+    p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(t.count(), UINT32_MAX));
+    p.unchunked = true;
+    p.base.chunk_count = 0;
+    p.aux.resize(members.size() * sizeof(std::int32_t));
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      const std::int32_t v = members[i];
+      std::memcpy(p.aux.data() + i * sizeof v, &v, sizeof v);
+    }
+    return client_->submit(std::move(p), t);
+  }
+
+ private:
+  void check_root(int root) const {
+    if (root < 0 || root >= size())
+      throw Error(Status::InvalidRequest,
+                  "root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size()));
+  }
+
+  OpPlan plan(OpType op, DType t, std::uint64_t count, const CallOptions& o) {
+    if (static_cast<int>(t) >= ipc::kDTypeCount) throw Error(Status::InvalidRequest, "unknown dtype");
+    OpPlan p;
+    p.base.op = op;
+    p.base.dtype = t;
+    p.base.comm_id = id_;
+    p.base.count = count;
+    p.base.scale = o.scale;
+    p.group_size = size();
+    p.group_rank = rank_;
+    p.block = count;
+    p.user_stride = count;
+    const std::uint64_t e = ipc::dtype_size(t);
+    const std::uint64_t mult = stage_multiplier(op, static_cast<std::uint64_t>(size()));
+    const std::uint64_t budget = std::max<std::uint64_t>(
+        64, std::min(client_->chunk_bytes(), client_->arena_bytes() / 4));
+    p.chunk = mult ? std::max<std::uint64_t>(1, budget / (mult * e)) : 1;
+    p.chunk = p.chunk > 64 ? p.chunk / 64 * 64 : p.chunk;
+    return p;
+  }
+
+  OpPlan plan_p2p(OpType op, DType t, std::uint64_t count, int peer, int tag, const CallOptions& o) {
+    if (peer < 0 || peer >= size() || peer == rank_)
+      throw Error(Status::InvalidRequest, "peer " + std::to_string(peer) + " is not another rank of this group of " +
+                                              std::to_string(size()));
+    auto p = plan(op, t, count, o);
+    p.base.root = peer;
+    p.base.tag = tag;
+    return p;
+  }
+
+  WorkPtr go(OpPlan p, const CallOptions& o) {
+    const auto timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
+    p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(timeout.count(), UINT32_MAX));
+    std::lock_guard lk(seq_mu_);  // one seq order per communicator, also across threads
+    if (p.base.op == OpType::Send) p.base.seq = ++send_seq_[p.base.root];
+    else if (p.base.op == OpType::Recv) p.base.seq = ++recv_seq_[p.base.root];
+    else p.base.seq = ++seq_;
+    return client_->submit(std::move(p), timeout);
+  }
+
+  std::shared_ptr<ClientImpl> client_;
+  std::uint64_t id_;
+  std::vector<int> ranks_;
+  int rank_;
+  std::chrono::milliseconds timeout_ = kDefaultTimeout;
+  std::mutex seq_mu_;
+  std::uint64_t seq_ = 0;
+  std::map<int, std::uint64_t> send_seq_, recv_seq_;
+};
+
+}  // namespace
+
+CommunicatorPtr ClientImpl::world() {
+  std::lock_guard lk(mu_);
+  if (auto w = world_.lock()) return w;
+  std::vector<int> all(static_cast<std::size_t>(world_size_));
+  for (int i = 0; i < world_size_; ++i) all[static_cast<std::size_t>(i)] = i;
+  auto w = std::make_shared<CommImpl>(shared_from_this(), 0, std::move(all), rank_);
+  world_ = w;
+  return w;
+}
+
+CommunicatorPtr ClientImpl::create_communicator(std::uint64_t comm_id, const std::vector<int>& global_ranks,
+                                                std::chrono::milliseconds timeout) {
+  if (comm_id == 0) throw Error(Status::InvalidRequest, "communicator id 0 is reserved for the world");
+  auto pos = std::find(global_ranks.begin(), global_ranks.end(), rank_);
+  if (pos == global_ranks.end())
+    throw Error(Status::InvalidRequest, "rank " + std::to_string(rank_) + " is not a member of the new communicator");
+  for (int g : global_ranks)
+    if (g < 0 || g >= world_size_)
+      throw Error(Status::InvalidRequest, "communicator member " + std::to_string(g) + " is not a rank of the job");
+  const auto t = timeout.count() > 0 ? timeout : kDefaultTimeout;
+  auto comm = std::make_shared<CommImpl>(shared_from_this(), comm_id, global_ranks,
+                                         static_cast<int>(pos - global_ranks.begin()));
+  comm->create(comm_id, global_ranks, t)->wait(std::chrono::milliseconds{0});
+  comm->set_default_timeout(t);
+  return comm;
+}
+
+}  // namespace smddp::client

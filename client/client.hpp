@@ -1,0 +1,147 @@
+// libsmddp_client: a rank's handle on its node's smddp daemon.
+//
+//   auto client = smddp::client::Client::attach(smddp::client::AttachOptions::from_env());
+//   auto work = client->world().allreduce(in, out, n, DType::Float32, ReduceOp::Sum);
+//   work->wait();   // throws smddp::client::Error naming what failed
+//
+// Threading: every method may be called from any thread. Operations are progressed by the
+// calling thread (submit/test/wait) and by one background progress thread per Client that
+// runs only while operations are pending, so completion callbacks fire without anybody
+// calling wait() (what c10d futures need). Host buffers must stay valid until the Work is
+// done. Collectives on one Communicator must be issued in the same order on every member.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ipc/types.hpp"
+
+namespace smddp::client {
+
+using ipc::DType;
+using ipc::OpType;
+using ipc::ReduceOp;
+using ipc::Status;
+
+// Raised for every failure; status() tells which kind (mismatch, peer failed, timeout...).
+class Error : public std::runtime_error {
+ public:
+  Error(Status status, const std::string& what) : std::runtime_error(what), status_(status) {}
+  Status status() const noexcept { return status_; }
+
+ private:
+  Status status_;
+};
+
+struct AttachOptions {
+  std::string job_id;
+  int node_id = 0;
+  int rank = -1;
+  int local_rank = -1;
+  int world_size = -1;
+  int local_world_size = -1;
+  std::string device_bus_id;  // PCI bus id of the rank's GPU, "" for CPU-only ranks
+  std::chrono::milliseconds attach_timeout{30000};
+  // Reads SMDDP_JOB_ID, SMDDP_NODE_ID, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE.
+  // Throws Error(InvalidRequest) naming the first one missing or malformed.
+  static AttachOptions from_env();
+};
+
+struct CallOptions {
+  std::chrono::milliseconds timeout{0};  // 0: the communicator's default
+  double scale = 1.0;                    // PREMUL_SUM factor
+  bool sdp = false;                      // SMDATAPARALLEL_OPTIMIZE_SDP AllGather path
+};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Progresses the operation; true once it finished (successfully or not). Never blocks.
+  virtual bool test() = 0;
+  // Blocks until finished, then throws Error if it failed. A timeout of 0 waits up to the
+  // operation's own timeout; on expiry throws Error(Timeout).
+  virtual void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) = 0;
+  virtual bool done() const = 0;
+  virtual Status status() const = 0;  // meaningful once done()
+  virtual std::string error() const = 0;
+  // Runs `cb` exactly once when the operation finishes (at once if it already has), on the
+  // thread that completes it. `cb` must not block on other smddp operations.
+  virtual void on_complete(std::function<void()> cb) = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual std::uint64_t id() const = 0;
+  virtual int rank() const = 0;  // rank in this communicator
+  virtual int size() const = 0;
+  virtual const std::vector<int>& global_ranks() const = 0;
+  virtual std::chrono::milliseconds default_timeout() const = 0;
+  virtual void set_default_timeout(std::chrono::milliseconds t) = 0;
+
+  // Host (CPU) buffers. `in` and `out` may be the same pointer where the op allows it.
+  virtual WorkPtr allreduce(const void* in, void* out, std::uint64_t count, DType, ReduceOp,
+                            const CallOptions& = {}) = 0;
+  virtual WorkPtr broadcast(void* buf, std::uint64_t count, DType, int root, const CallOptions& = {}) = 0;
+  // `out` is used only on the root (may be null elsewhere).
+  virtual WorkPtr reduce(const void* in, void* out, std::uint64_t count, DType, ReduceOp, int root,
+                         const CallOptions& = {}) = 0;
+  // out holds size() * count elements, rank r's input at r * count.
+  virtual WorkPtr allgather(const void* in, void* out, std::uint64_t count, DType, const CallOptions& = {}) = 0;
+  // in holds size() * count elements; out receives the reduction of block rank().
+  virtual WorkPtr reduce_scatter(const void* in, void* out, std::uint64_t count, DType, ReduceOp,
+                                 const CallOptions& = {}) = 0;
+  // Even split: count elements per peer block in both buffers.
+  virtual WorkPtr alltoall(const void* in, void* out, std::uint64_t count_per_peer, DType,
+                           const CallOptions& = {}) = 0;
+  // Uneven split: send_counts[p] elements to peer p, recv_counts[p] from peer p.
+  virtual WorkPtr alltoallv(const void* in, const std::vector<std::uint64_t>& send_counts, void* out,
+                            const std::vector<std::uint64_t>& recv_counts, DType, const CallOptions& = {}) = 0;
+  virtual WorkPtr barrier(const CallOptions& = {}) = 0;
+  virtual WorkPtr send(const void* buf, std::uint64_t count, DType, int peer, int tag, const CallOptions& = {}) = 0;
+  virtual WorkPtr recv(void* buf, std::uint64_t count, DType, int peer, int tag, const CallOptions& = {}) = 0;
+  // out: size() * count elements on the root (may be null elsewhere).
+  virtual WorkPtr gather(const void* in, void* out, std::uint64_t count, DType, int root,
+                         const CallOptions& = {}) = 0;
+  // in: size() * count elements on the root (may be null elsewhere).
+  virtual WorkPtr scatter(const void* in, void* out, std::uint64_t count, DType, int root,
+                          const CallOptions& = {}) = 0;
+};
+using CommunicatorPtr = std::shared_ptr<Communicator>;
+
+class Client {
+ public:
+  virtual ~Client() = default;
+  // Attaches to the node's daemon segment (waiting up to attach_timeout for it to appear) and
+  // registers this rank. Throws Error with a message that says how to start a daemon.
+  static std::shared_ptr<Client> attach(const AttachOptions& opts);
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual int local_rank() const = 0;
+  virtual int local_world_size() const = 0;
+  virtual int node_id() const = 0;
+  virtual int num_nodes() const = 0;
+  virtual const std::string& job_id() const = 0;
+  virtual int daemon_pid() const = 0;
+
+  // The communicator of all ranks (id 0).
+  virtual CommunicatorPtr world() = 0;
+  // Collective over `global_ranks` (every member calls it with the same id and list, in the
+  // same order relative to its other collectives on the world). Blocks until the daemon
+  // has the communicator. `comm_id` must not be 0 and must be unique in the job.
+  virtual CommunicatorPtr create_communicator(std::uint64_t comm_id, const std::vector<int>& global_ranks,
+                                              std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) = 0;
+
+  // Empty while the job is healthy; otherwise why it failed (dead rank or daemon).
+  virtual std::string job_error() const = 0;
+};
+using ClientPtr = std::shared_ptr<Client>;
+
+}  // namespace smddp::client

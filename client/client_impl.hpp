@@ -1,0 +1,141 @@
+// Internals of libsmddp_client (see client.hpp for the threading model).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "client/arena_allocator.hpp"
+#include "client/client.hpp"
+#include "ipc/segment.hpp"
+
+namespace smddp::client {
+
+class ClientImpl;
+
+// How one operation maps user buffers to staged chunks (see plan() in client.cpp).
+struct OpPlan {
+  ipc::RequestDesc base;          // op, dtype, reduce_op, root, tag, count, flags, scale, comm, seq
+  int group_size = 1;
+  int group_rank = 0;
+  const std::byte* in = nullptr;  // user input
+  std::byte* out = nullptr;       // user output
+  std::uint64_t block = 0;        // elements per block (chunking runs within a block)
+  std::uint64_t chunk = 0;        // elements per chunk
+  std::uint64_t in_blocks = 0;    // blocks staged from `in` per chunk (0: no input)
+  std::uint64_t out_blocks = 0;   // blocks copied to `out` per chunk (0: no output)
+  std::uint64_t user_stride = 0;  // elements between blocks in the user buffers
+  bool in_place_stage = false;    // output region is the input region (allreduce, broadcast root)
+  std::vector<std::byte> aux;     // aux payload (split tables, member lists)
+  std::uint64_t in_bytes_total = 0, out_bytes_total = 0;  // unchunked forms (alltoallv)
+  bool unchunked = false;
+};
+
+class OpState final : public Work, public std::enable_shared_from_this<OpState> {
+ public:
+  OpState(std::shared_ptr<ClientImpl> client, OpPlan plan, std::chrono::milliseconds timeout);
+
+  bool test() override;
+  void wait(std::chrono::milliseconds timeout) override;
+  bool done() const override { return done_.load(std::memory_order_acquire); }
+  Status status() const override;
+  std::string error() const override;
+  void on_complete(std::function<void()> cb) override;
+
+ private:
+  friend class ClientImpl;
+  std::uint64_t chunk_count(std::uint64_t k) const;
+  std::uint64_t stage_bytes(std::uint64_t k) const;
+
+  std::shared_ptr<ClientImpl> client_;
+  OpPlan plan_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::uint64_t nchunks_ = 1;
+  std::uint64_t next_ = 0;      // next chunk to submit
+  std::uint64_t finished_ = 0;  // chunks answered
+  std::uint64_t inflight_ = 0;
+  Status status_ = Status::Ok;  // guarded by the client's mutex
+  std::string error_;
+  std::vector<std::function<void()>> callbacks_;
+  std::atomic<bool> done_{false};
+};
+
+class ClientImpl final : public Client, public std::enable_shared_from_this<ClientImpl> {
+ public:
+  ClientImpl(const AttachOptions& opts, ipc::Segment segment);
+  ~ClientImpl() override;
+  void start();
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_world_size() const override { return local_world_size_; }
+  int node_id() const override { return node_id_; }
+  int num_nodes() const override { return num_nodes_; }
+  const std::string& job_id() const override { return job_id_; }
+  int daemon_pid() const override { return daemon_pid_; }
+  CommunicatorPtr world() override;
+  CommunicatorPtr create_communicator(std::uint64_t comm_id, const std::vector<int>& global_ranks,
+                                      std::chrono::milliseconds timeout) override;
+  std::string job_error() const override;
+
+  // Queues an operation and submits what fits. Throws Error if the client is unusable.
+  std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);
+  // Drives submissions and completions; returns callbacks to run outside the lock.
+  void progress_locked(std::vector<std::function<void()>>& callbacks);
+  // Blocks until `op` is done or `until`; returns whether it is done.
+  bool wait_for(OpState& op, std::chrono::steady_clock::time_point until);
+  std::mutex& mutex() { return mu_; }
+  std::uint64_t chunk_bytes() const { return chunk_bytes_; }
+  std::uint64_t arena_bytes() const { return alloc_.capacity(); }
+
+ private:
+  bool submit_chunk_locked(OpState& op);
+  void finish_locked(OpState& op, std::vector<std::function<void()>>& callbacks);
+  void fail_all_locked(Status s, const std::string& why, std::vector<std::function<void()>>& callbacks);
+  // Checks the daemon: false (and every op failed) once it is gone or the job failed.
+  bool check_liveness_locked(std::vector<std::function<void()>>& callbacks);
+  void progress_thread();
+  static void run(std::vector<std::function<void()>>& callbacks);
+
+  std::string job_id_;
+  int rank_, world_size_, local_rank_, local_world_size_, node_id_, num_nodes_, daemon_pid_;
+  ipc::Segment segment_;
+  ipc::RankSlot& slot_;
+  std::span<std::byte> arena_;
+  std::uint64_t chunk_bytes_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  ArenaAllocator alloc_;
+  // Collectives not fully submitted, strictly FIFO: every rank issues them in one order, so
+  // every rank's arena fills alike and no rank waits for space another rank holds.
+  std::deque<std::shared_ptr<OpState>> queue_;
+  // Send/recv not fully submitted. Their partners come in any order relative to other work,
+  // so they are not queued behind anything, each keeps a small window in flight, and all
+  // of them together use at most half the arena (collectives always have room).
+  std::vector<std::shared_ptr<OpState>> p2p_;
+  std::uint64_t p2p_bytes_ = 0;
+  std::size_t active_ = 0;                      // ops not finished
+  struct Inflight {
+    std::shared_ptr<OpState> op;
+    std::uint64_t chunk;
+    std::uint64_t offset;
+    std::uint64_t p2p_bytes;  // arena bytes counted against the p2p budget
+  };
+  std::unordered_map<std::uint64_t, Inflight> inflight_;
+  std::uint64_t next_request_id_ = 1;
+  std::string dead_;  // why the client can no longer work ("" while healthy)
+  std::uint64_t last_heartbeat_ = 0;
+  std::chrono::steady_clock::time_point heartbeat_seen_;
+  std::weak_ptr<Communicator> world_;
+  bool stop_ = false;
+  std::thread progress_;
+};
+
+}  // namespace smddp::client

@@ -1,0 +1,29 @@
+// Daemon configuration: an ini file (configs/default.ini) overridden by --set SECTION.KEY=VALUE.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace smddp::daemon {
+
+struct DaemonConfig {
+  std::string config_path;  // "" when built-in defaults are used
+  std::uint64_t arena_bytes = 32ull << 20;
+  std::uint64_t chunk_bytes = 1ull << 20;
+  int worker_threads = 0;
+  std::chrono::microseconds spin{50};
+  std::chrono::seconds stall_warning{60};
+  std::chrono::seconds collective_timeout{1800};
+  std::chrono::seconds exit_grace{10};
+  std::string log_level = "info";
+  std::string fabric_provider = "tcp;ofi_rxm";
+  std::string fabric_interface = "lo";
+
+  // Reads `path` (may be empty: defaults), then applies `overrides` ("section.key=value").
+  // Throws std::invalid_argument naming the bad key or value.
+  static DaemonConfig load(const std::string& path, const std::vector<std::string>& overrides);
+};
+
+}  // namespace smddp::daemon

@@ -1,0 +1,411 @@
+#include "daemon/daemon.hpp"
+
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <spdlog/spdlog.h>
+#include <thread>
+
+#include "daemon/control/control_server.hpp"
+#include "daemon/version.hpp"
+#include "ipc/names.hpp"
+#include "ipc/validate.hpp"
+
+namespace smddp::daemon {
+
+using ipc::OpType;
+using ipc::Status;
+
+std::atomic<int> Daemon::stop_signal_{0};
+
+namespace {
+
+constexpr auto kHousekeepingEvery = std::chrono::milliseconds(50);
+constexpr auto kIdleSleep = std::chrono::microseconds(100000);
+constexpr std::size_t kMaxErrorsKept = 32;
+
+std::vector<int> world_slots(const JobLayout& l) {
+  std::vector<int> slots(static_cast<std::size_t>(l.num_nodes * l.nproc_per_node), -1);
+  for (int r = 0; r < l.nproc_per_node; ++r) slots[static_cast<std::size_t>(l.node_id * l.nproc_per_node + r)] = r;
+  return slots;
+}
+
+ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
+  ipc::SegmentSpec s;
+  s.job_id = l.job_id;
+  s.node_id = l.node_id;
+  s.num_nodes = l.num_nodes;
+  s.local_world_size = l.nproc_per_node;
+  s.world_size = l.num_nodes * l.nproc_per_node;
+  s.first_rank = l.node_id * l.nproc_per_node;
+  s.arena_bytes = c.arena_bytes;
+  s.chunk_bytes = c.chunk_bytes;
+  return s;
+}
+
+int parallelism_of(const DaemonConfig& c) {
+  if (c.worker_threads > 0) return c.worker_threads;
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
+
+std::string iso_now() {
+  char buf[32];
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+const char* state_name(ipc::DaemonState s) {
+  switch (s) {
+    case ipc::DaemonState::Starting: return "starting";
+    case ipc::DaemonState::Ready: return "ready";
+    case ipc::DaemonState::Failed: return "failed";
+    case ipc::DaemonState::Stopping: return "stopping";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+Daemon::Daemon(JobLayout layout, DaemonConfig config)
+    : layout_(std::move(layout)),
+      config_(std::move(config)),
+      segment_(ipc::Segment::create(spec_of(layout_, config_))),
+      matcher_(world_slots(layout_), std::chrono::duration_cast<std::chrono::milliseconds>(config_.collective_timeout)),
+      host_(segment_, parallelism_of(config_)),
+      ranks_(static_cast<std::size_t>(layout_.nproc_per_node)),
+      started_(Clock::now()) {
+  ipc::ensure_socket_dir();
+  control_ = std::make_unique<ControlServer>(ipc::socket_path(layout_.job_id, layout_.node_id),
+                                             [this] { return snapshot(); });
+  update_status(Clock::now());
+}
+
+Daemon::~Daemon() = default;
+
+void Daemon::request_stop(int signo) noexcept { stop_signal_.store(signo); }
+
+int Daemon::run(const std::vector<std::string>& command) {
+  const int world = layout_.num_nodes * layout_.nproc_per_node;
+  for (int r = 0; r < layout_.nproc_per_node; ++r) {
+    const int global = layout_.node_id * layout_.nproc_per_node + r;
+    std::map<std::string, std::string> env{
+        {"RANK", std::to_string(global)},
+        {"WORLD_SIZE", std::to_string(world)},
+        {"LOCAL_RANK", std::to_string(r)},
+        {"LOCAL_WORLD_SIZE", std::to_string(layout_.nproc_per_node)},
+        {"GROUP_RANK", std::to_string(layout_.node_id)},
+        {"NODE_RANK", std::to_string(layout_.node_id)},
+        {"SMDATAPARALLEL_LOCAL_RANK", std::to_string(r)},
+        {"SMDDP_JOB_ID", layout_.job_id},
+        {"SMDDP_NODE_ID", std::to_string(layout_.node_id)},
+        {"SMDDP_NUM_NODES", std::to_string(layout_.num_nodes)},
+        {"SMDDP_DAEMON_PID", std::to_string(::getpid())},
+        {"MASTER_ADDR", layout_.master_addr},
+        {"MASTER_PORT", std::to_string(layout_.master_port)},
+    };
+    // A user's own rendezvous settings win over ours.
+    for (const char* keep : {"MASTER_ADDR", "MASTER_PORT"})
+      if (const char* v = std::getenv(keep); v && *v) env[keep] = v;
+    try {
+      ranks_[static_cast<std::size_t>(r)].pid = supervisor_.spawn(r, command, child_environment(env));
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      fail_job(std::string("cannot start rank ") + std::to_string(global) + ": " + e.what(), 127);
+      break;
+    }
+    spdlog::info("started rank {} (local rank {}) as pid {}", global, r, ranks_[static_cast<std::size_t>(r)].pid);
+  }
+  segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Ready), std::memory_order_release);
+
+  Clock::time_point last_activity = Clock::now();
+  for (;;) {
+    const auto now = Clock::now();
+    if (poll_rings(now)) {
+      last_activity = now;
+      if (now - last_housekeeping_ >= kHousekeepingEvery) housekeeping(now);
+      continue;
+    }
+    if (now - last_housekeeping_ >= kHousekeepingEvery) housekeeping(now);
+    if (supervisor_.all_exited()) break;
+    if (now - last_activity < config_.spin) {
+      ::sched_yield();
+      continue;
+    }
+    auto& bell = segment_.header().daemon_bell;
+    const auto ticket = bell.ticket();
+    if (any_request_waiting()) continue;
+    bell.wait(ticket, kIdleSleep);
+  }
+  // Last look: requests that raced with the final exits still get an answer.
+  poll_rings(Clock::now());
+  resolve(matcher_.fail_all(Status::Shutdown, "the job's ranks have all exited"));
+  segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Stopping), std::memory_order_release);
+  spdlog::info("all ranks exited; job exit status {}; {} collectives, {} bytes", exit_code_, collectives_done_,
+               bytes_moved_);
+  return exit_code_;
+}
+
+bool Daemon::any_request_waiting() const {
+  for (int s = 0; s < layout_.nproc_per_node; ++s)
+    if (!segment_.slot(s).requests.empty()) return true;
+  return false;
+}
+
+bool Daemon::poll_rings(Clock::time_point now) {
+  bool did = false;
+  for (int s = 0; s < layout_.nproc_per_node; ++s) {
+    auto& slot = segment_.slot(s);
+    auto& info = ranks_[static_cast<std::size_t>(s)];
+    if (!info.registered && slot.state.load(std::memory_order_acquire) == static_cast<std::uint32_t>(ipc::SlotState::Registered)) {
+      info.registered = true;
+      spdlog::info("rank {} registered (pid {}, device {})", slot.rank, slot.pid,
+                   slot.device_bus_id[0] ? slot.device_bus_id : "cpu");
+    }
+    ipc::RequestDesc d;
+    for (int budget = 0; budget < 64; ++budget) {
+      const auto r = slot.requests.try_pop(d);
+      if (r == ipc::SpscRing<ipc::RequestDesc, ipc::kRequestRingCapacity>::PopResult::Empty) break;
+      if (r == ipc::SpscRing<ipc::RequestDesc, ipc::kRequestRingCapacity>::PopResult::Corrupt) {
+        fail_job("rank " + std::to_string(slot.rank) + " corrupted its request ring", 1);
+        break;
+      }
+      did = true;
+      handle_request(s, d, now);
+    }
+  }
+  return did;
+}
+
+void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_point now) {
+  auto& info = ranks_[static_cast<std::size_t>(slot)];
+  info.last_seq = d.seq;
+  ++info.pending;
+  Posted p{slot, -1, d, now};
+  if (!job_error_.empty()) return complete(p, Status::PeerFailed, job_error_);
+
+  ipc::ValidationContext ctx;
+  ctx.arena_bytes = segment_.header().arena_bytes;
+  ctx.event_count = static_cast<int>(segment_.slot(slot).event_count.load(std::memory_order_acquire));
+  if (d.op == OpType::CommCreate) {
+    ctx.group_size = static_cast<int>(std::min<std::uint64_t>(d.count, 1u << 24));
+    ctx.group_rank = 0;
+  } else {
+    const Communicator* comm = matcher_.find(d.comm_id);
+    if (!comm) return complete(p, Status::InvalidRequest, "communicator " + std::to_string(d.comm_id) + " does not exist");
+    auto g = comm->group_rank_of_slot(slot);
+    if (!g) return complete(p, Status::InvalidRequest, "rank is not a member of communicator " + std::to_string(d.comm_id));
+    ctx.group_size = comm->size();
+    ctx.group_rank = *g;
+    p.group_rank = *g;
+  }
+  if (auto err = ipc::validate_request(d, ctx)) {
+    spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
+    return complete(p, Status::InvalidRequest, *err);
+  }
+  if (d.op == OpType::CommCreate) {
+    auto members = host_.read_aux<std::int32_t>(p, d.count);
+    resolve(matcher_.post_create(slot, d, std::vector<int>(members.begin(), members.end()), now));
+  } else {
+    resolve(matcher_.post(slot, p.group_rank, d, now));
+  }
+  // A collective that waits for a rank that already exited can never run.
+  for (int gone : exited_slots_)
+    resolve(matcher_.fail_waiting_for(gone, Status::PeerFailed,
+                                      "rank " + std::to_string(segment_.slot(gone).rank) + " (pid " +
+                                          std::to_string(ranks_[static_cast<std::size_t>(gone)].pid) +
+                                          ") already " + describe_exit(ranks_[static_cast<std::size_t>(gone)].wait_status)));
+}
+
+void Daemon::resolve(std::vector<Match> matches) {
+  for (auto& m : matches) {
+    if (m.status == Status::Ok && m.comm && m.posted.front().desc.op != OpType::CommCreate) {
+      std::uint64_t bytes = 0;
+      std::optional<std::string> err;
+      try {
+        err = host_.run(m, bytes);
+      } catch (const std::exception& e) {
+        err = std::string("internal error: ") + e.what();
+      }
+      if (err) {
+        m.status = Status::Mismatch;
+        m.error = *err;
+      } else {
+        ++collectives_done_;
+        bytes_moved_ += bytes;
+        bw_window_bytes_ += bytes;
+      }
+    } else if (m.status == Status::Ok && m.comm) {
+      spdlog::info("communicator {} created with {} ranks", m.comm->id, m.comm->size());
+    }
+    if (m.status != Status::Ok) {
+      spdlog::error("{}", m.error);
+      std::lock_guard lk(status_mu_);
+      errors_.push_back({{"time", iso_now()}, {"message", m.error}});
+      if (errors_.size() > kMaxErrorsKept) errors_.erase(errors_.begin());
+    }
+    for (const auto& p : m.posted) complete(p, m.status, m.error);
+  }
+}
+
+void Daemon::complete(const Posted& p, Status status, std::string_view error) {
+  auto& slot = segment_.slot(p.slot);
+  auto& info = ranks_[static_cast<std::size_t>(p.slot)];
+  if (info.pending) --info.pending;
+  ipc::CompletionDesc c;
+  c.request_id = p.desc.request_id;
+  c.comm_id = p.desc.comm_id;
+  c.seq = p.desc.seq;
+  c.status = status;
+  if (status != Status::Ok) c.set_error(error);
+  // Clients keep at most kCompletionRingCapacity requests in flight, so this fits; a full
+  // ring means a client broke that rule.
+  if (!slot.completions.try_push(c)) {
+    fail_job("rank " + std::to_string(slot.rank) + " has more requests in flight than its completion ring holds", 1);
+    return;
+  }
+  slot.client_bell.ring();
+}
+
+void Daemon::housekeeping(Clock::time_point now) {
+  last_housekeeping_ = now;
+  auto& h = segment_.header();
+  h.heartbeat.fetch_add(1, std::memory_order_relaxed);
+
+  for (const auto& ex : supervisor_.reap()) on_rank_exit(ex);
+  if (const int sig = stop_signal_.exchange(0)) {
+    spdlog::warn("received signal {}; stopping the job", sig);
+    supervisor_.signal_all(SIGTERM);
+    fail_job("the smddp daemon on node " + std::to_string(layout_.node_id) + " was asked to stop (signal " +
+                 std::to_string(sig) + ")",
+             128 + sig);
+  }
+  std::vector<StallInfo> new_stalls;
+  resolve(matcher_.expire(now, config_.stall_warning, new_stalls));
+  for (const auto& s : new_stalls) {
+    std::string missing;
+    for (int g : s.missing_global_ranks) missing += (missing.empty() ? "" : ", ") + std::to_string(g);
+    spdlog::warn("stall: {} (communicator {}, operation #{}) has waited {:.0f} s for rank(s) {}",
+                 ipc::to_string(s.op), s.comm_id, s.seq, s.waiting_s, missing);
+  }
+  if (failed_at_) {
+    const auto since = now - *failed_at_;
+    if (!sent_term_ && since >= config_.exit_grace) {
+      sent_term_ = true;
+      spdlog::warn("terminating the {} rank(s) still running after the job failed", supervisor_.running());
+      supervisor_.signal_all(SIGTERM);
+    } else if (sent_term_ && !sent_kill_ && since >= config_.exit_grace + std::chrono::seconds(5)) {
+      sent_kill_ = true;
+      supervisor_.signal_all(SIGKILL);
+    }
+  }
+  update_status(now);
+}
+
+void Daemon::on_rank_exit(const RankExit& ex) {
+  auto& info = ranks_[static_cast<std::size_t>(ex.local_rank)];
+  info.exited = true;
+  info.wait_status = ex.wait_status;
+  auto& slot = segment_.slot(ex.local_rank);
+  const int global = layout_.node_id * layout_.nproc_per_node + ex.local_rank;
+  const std::string what = "rank " + std::to_string(global) + " (pid " + std::to_string(ex.pid) + ") on node " +
+                           std::to_string(layout_.node_id) + " " + describe_exit(ex.wait_status);
+  const bool clean = exit_code_of(ex.wait_status) == 0;
+  slot.state.store(static_cast<std::uint32_t>(clean ? ipc::SlotState::Exited : ipc::SlotState::Failed),
+                   std::memory_order_release);
+  if (clean) {
+    spdlog::info("{}", what);
+    exited_slots_.push_back(ex.local_rank);
+    resolve(matcher_.fail_waiting_for(ex.local_rank, Status::PeerFailed, what + " while others wait for it"));
+  } else {
+    spdlog::error("{}", what);
+    fail_job(what, exit_code_of(ex.wait_status));
+  }
+}
+
+void Daemon::fail_job(const std::string& error, int exit_code) {
+  if (!job_error_.empty()) return;  // the first failure is the job's failure
+  job_error_ = error;
+  exit_code_ = exit_code ? exit_code : 1;
+  failed_at_ = Clock::now();
+  auto& h = segment_.header();
+  std::strncpy(h.job_error, error.c_str(), sizeof h.job_error - 1);
+  h.job_failed.store(1, std::memory_order_release);
+  h.state.store(static_cast<std::uint32_t>(ipc::DaemonState::Failed), std::memory_order_release);
+  {
+    std::lock_guard lk(status_mu_);
+    errors_.push_back({{"time", iso_now()}, {"message", error}});
+  }
+  resolve(matcher_.fail_all(Status::PeerFailed, error));
+  // Wake every rank so sleepers see the failure now.
+  for (int s = 0; s < layout_.nproc_per_node; ++s) segment_.slot(s).client_bell.ring();
+}
+
+void Daemon::update_status(Clock::time_point now) {
+  const double window = std::chrono::duration<double>(now - bw_window_start_).count();
+  if (window >= 1.0) {
+    recent_gbps_ = static_cast<double>(bw_window_bytes_) / window / 1e9;
+    bw_window_bytes_ = 0;
+    bw_window_start_ = now;
+  }
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int s = 0; s < layout_.nproc_per_node; ++s) {
+    const auto& info = ranks_[static_cast<std::size_t>(s)];
+    const auto& slot = segment_.slot(s);
+    const char* state = info.exited ? (exit_code_of(info.wait_status) == 0 ? "exited" : "failed")
+                                    : (info.registered ? "registered" : "waiting");
+    nlohmann::json r = {{"rank", slot.rank},
+                        {"local_rank", s},
+                        {"pid", info.pid},
+                        {"device", slot.device_bus_id[0] ? std::string(slot.device_bus_id) : std::string("cpu")},
+                        {"state", state},
+                        {"alive", info.pid > 0 && !info.exited},
+                        {"exit_status", info.exited ? nlohmann::json(exit_code_of(info.wait_status)) : nlohmann::json()},
+                        {"last_seq_posted", info.last_seq},
+                        {"pending", info.pending}};
+    ranks.push_back(std::move(r));
+  }
+  nlohmann::json stalls = nlohmann::json::array();
+  for (const auto& s : matcher_.stalls(now, config_.stall_warning))
+    stalls.push_back({{"comm_id", s.comm_id},
+                      {"seq", s.seq},
+                      {"op", std::string(ipc::to_string(s.op))},
+                      {"waiting_s", s.waiting_s},
+                      {"missing_ranks", s.missing_global_ranks}});
+  const auto state = static_cast<ipc::DaemonState>(segment_.header().state.load(std::memory_order_acquire));
+  std::lock_guard lk(status_mu_);
+  status_ = {{"version", kVersion},
+             {"job_id", layout_.job_id},
+             {"node_id", layout_.node_id},
+             {"num_nodes", layout_.num_nodes},
+             {"pid", ::getpid()},
+             {"hostname", layout_.hostname},
+             {"state", state_name(state)},
+             {"uptime_s", std::chrono::duration<double>(now - started_).count()},
+             {"config", config_.config_path.empty() ? "(built-in defaults)" : config_.config_path},
+             {"transport", layout_.transport},
+             {"world_size", layout_.num_nodes * layout_.nproc_per_node},
+             {"local_world_size", layout_.nproc_per_node},
+             {"ranks", std::move(ranks)},
+             {"collectives_done", collectives_done_},
+             {"bytes_moved", bytes_moved_},
+             {"kernel_launches", 0},
+             {"recent_bandwidth_gbps", recent_gbps_},
+             {"stalls", std::move(stalls)},
+             {"job_error", job_error_}};
+}
+
+nlohmann::json Daemon::snapshot() const {
+  std::lock_guard lk(status_mu_);
+  nlohmann::json s = status_;
+  s["errors"] = errors_;
+  return s;
+}
+
+}  // namespace smddp::daemon

@@ -1,0 +1,104 @@
+// Daemon: one per node and job. Owns the segment, the matcher, the executors and the
+// control socket, supervises the node's ranks, and runs the progress loop.
+//
+// Threading: the progress loop (run()) is the only thread that touches the segment's rings,
+// the matcher and the executors; the control server thread reads a status snapshot under
+// status_mu_; the worker pool's threads run only inside HostExecutor::run.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/config.hpp"
+#include "daemon/host_executor.hpp"
+#include "daemon/matcher.hpp"
+#include "daemon/supervisor.hpp"
+#include "ipc/segment.hpp"
+
+namespace smddp::daemon {
+
+class ControlServer;
+
+struct JobLayout {
+  std::string job_id;
+  int node_id = 0;
+  int num_nodes = 1;
+  int nproc_per_node = 1;
+  std::string hostname;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string transport = "none";
+};
+
+class Daemon {
+ public:
+  Daemon(JobLayout layout, DaemonConfig config);
+  ~Daemon();
+
+  // Spawns the node's ranks running `command`, serves them until they all exit, and
+  // returns the job's exit status (0, a failed rank's status, or 128 + its signal).
+  int run(const std::vector<std::string>& command);
+
+  // Asks the loop to stop (signal handlers call this through a flag).
+  static void request_stop(int signo) noexcept;
+
+ private:
+  struct RankInfo {
+    int pid = 0;
+    bool registered = false;
+    bool exited = false;
+    int wait_status = 0;
+    std::uint64_t last_seq = 0;
+    std::uint64_t pending = 0;
+  };
+
+  bool poll_rings(Clock::time_point now);
+  void handle_request(int slot, const ipc::RequestDesc& d, Clock::time_point now);
+  void resolve(std::vector<Match> matches);
+  void complete(const Posted& p, ipc::Status status, std::string_view error);
+  void housekeeping(Clock::time_point now);
+  void on_rank_exit(const RankExit& ex);
+  void fail_job(const std::string& error, int exit_code);
+  bool any_request_waiting() const;
+  void update_status(Clock::time_point now);
+  nlohmann::json snapshot() const;
+
+  JobLayout layout_;
+  DaemonConfig config_;
+  ipc::Segment segment_;
+  Matcher matcher_;
+  HostExecutor host_;
+  Supervisor supervisor_;
+  std::unique_ptr<ControlServer> control_;
+  std::vector<RankInfo> ranks_;
+  std::vector<int> exited_slots_;
+
+  Clock::time_point started_;
+  Clock::time_point last_housekeeping_{};
+  std::optional<Clock::time_point> failed_at_;
+  bool sent_term_ = false, sent_kill_ = false;
+  int exit_code_ = 0;
+  std::string job_error_;
+
+  std::uint64_t collectives_done_ = 0;
+  std::uint64_t bytes_moved_ = 0;
+  std::uint64_t bw_window_bytes_ = 0;
+  Clock::time_point bw_window_start_{};
+  double recent_gbps_ = 0;
+
+  mutable std::mutex status_mu_;
+  nlohmann::json status_;  // rebuilt by the loop, read by the control thread
+  std::vector<nlohmann::json> errors_;
+  std::vector<StallInfo> stalls_;
+
+  static std::atomic<int> stop_signal_;
+};
+
+}  // namespace smddp::daemon

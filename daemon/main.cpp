@@ -1,0 +1,198 @@
+// smddp-daemon: one per node, started by smddprun through mpirun (DESIGN.md §1).
+#include <mpi.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "daemon/config.hpp"
+#include "daemon/daemon.hpp"
+#include "daemon/version.hpp"
+#include "ipc/names.hpp"
+#include "ipc/segment.hpp"
+
+namespace po = boost::program_options;
+using namespace smddp;
+
+namespace {
+
+void setup_logging(const std::string& job, int node, const std::string& level) {
+  auto logger = spdlog::stderr_color_mt("smddp");
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e smddp-daemon[job " + job + " node " + std::to_string(node) +
+                      "] %^%l%$: %v");
+  std::string lvl = level;
+  if (const char* env = std::getenv("SMDDP_LOG_LEVEL"); env && *env) lvl = env;
+  logger->set_level(spdlog::level::from_str(lvl));
+  spdlog::set_default_logger(logger);
+}
+
+// Removes this machine's leftovers of `job` whose daemon is gone.
+int cleanup_job(const std::string& job) {
+  ipc::check_job_id(job);
+  const std::string prefix = std::string(ipc::kSegmentPrefix) + job + ".n";
+  std::set<int> nodes;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const auto name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) nodes.insert(std::atoi(name.c_str() + prefix.size()));
+  }
+  const std::string sock_prefix = job + ".n";
+  for (const auto& e : std::filesystem::directory_iterator(ipc::socket_dir(), ec)) {
+    const auto name = e.path().filename().string();
+    if (name.rfind(sock_prefix, 0) == 0) nodes.insert(std::atoi(name.c_str() + sock_prefix.size()));
+  }
+  int removed = 0;
+  for (int n : nodes) {
+    removed += ipc::Segment::remove_if_stale(job, n);
+    if (!ipc::Segment::exists(job, n)) removed += std::filesystem::remove(ipc::socket_path(job, n), ec);
+  }
+  if (removed) std::cerr << "smddp-daemon: removed " << removed << " leftover file(s) of job " << job << "\n";
+  return 0;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 29500;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+struct MpiSession {
+  MpiSession(int* argc, char*** argv) { MPI_Init(argc, argv); }
+  ~MpiSession() { MPI_Finalize(); }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+};
+
+// Node id, node count, hostnames and the rendezvous address, agreed over MPI.
+daemon::JobLayout bootstrap(int simulate_nodes) {
+  daemon::JobLayout l;
+  MPI_Comm_rank(MPI_COMM_WORLD, &l.node_id);
+  MPI_Comm_size(MPI_COMM_WORLD, &l.num_nodes);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  l.hostname = host;
+  std::vector<char> all(256 * static_cast<std::size_t>(l.num_nodes));
+  MPI_Allgather(host, 256, MPI_CHAR, all.data(), 256, MPI_CHAR, MPI_COMM_WORLD);
+  std::set<std::string> distinct;
+  for (int i = 0; i < l.num_nodes; ++i) distinct.insert(std::string(&all[static_cast<std::size_t>(i) * 256]));
+  if (simulate_nodes > 0 && simulate_nodes != l.num_nodes)
+    throw std::runtime_error("--simulate-nodes " + std::to_string(simulate_nodes) + " but mpirun started " +
+                             std::to_string(l.num_nodes) + " daemons");
+  if (simulate_nodes == 0 && static_cast<int>(distinct.size()) != l.num_nodes)
+    throw std::runtime_error("mpirun placed several daemons on one host; smddp needs exactly one per node "
+                             "(use smddprun, or --simulate-nodes K to test several nodes on one machine)");
+  const bool one_host = distinct.size() == 1;
+  l.master_addr = one_host ? "127.0.0.1" : std::string(&all[0]);
+  int port = l.node_id == 0 ? free_port() : 0;
+  MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  l.master_port = port;
+  return l;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string job_id, config_path, log_level, cleanup;
+  int nproc = 1, simulate = 0;
+  std::vector<std::string> overrides, command;
+  po::options_description opts("smddp-daemon options (usually started by smddprun)");
+  opts.add_options()
+      ("help,h", "this help")
+      ("version", "print the version")
+      ("job-id", po::value(&job_id), "job id (default: $SMDDP_JOB_ID)")
+      ("nproc-per-node", po::value(&nproc)->default_value(1), "training ranks to start on this node")
+      ("config", po::value(&config_path), "configuration file (ini), e.g. configs/local.ini")
+      ("simulate-nodes", po::value(&simulate)->default_value(0), "act as one of K simulated nodes on this machine")
+      ("log-level", po::value(&log_level), "trace, debug, info, warn, error")
+      ("set", po::value(&overrides)->composing(), "override a config key: SECTION.KEY=VALUE (repeatable)")
+      ("cleanup-job", po::value(&cleanup), "remove this machine's leftover segments and sockets of a job, then exit")
+      ("command", po::value(&command), "the rank command (after --)");
+  po::positional_options_description pos;
+  pos.add("command", -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "smddp-daemon: " << e.what() << "\n" << opts << "\n";
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << "usage: smddp-daemon [options] -- COMMAND [ARGS...]\n" << opts << "\n";
+    return 0;
+  }
+  if (vm.count("version")) {
+    std::cout << "smddp-daemon " << kVersion << "\n";
+    return 0;
+  }
+  try {
+    if (!cleanup.empty()) return cleanup_job(cleanup);
+    if (job_id.empty())
+      if (const char* env = std::getenv("SMDDP_JOB_ID")) job_id = env;
+    if (job_id.empty()) throw std::invalid_argument("no job id: pass --job-id or set SMDDP_JOB_ID");
+    ipc::check_job_id(job_id);
+    if (command.empty()) throw std::invalid_argument("no rank command given (smddp-daemon [options] -- COMMAND)");
+    if (nproc < 1 || nproc > ipc::kMaxLocalRanks)
+      throw std::invalid_argument("--nproc-per-node must be 1.." + std::to_string(ipc::kMaxLocalRanks));
+    auto config = daemon::DaemonConfig::load(config_path, overrides);
+    if (!log_level.empty()) config.log_level = log_level;
+
+    MpiSession mpi(&argc, &argv);
+    auto layout = bootstrap(simulate);
+    layout.job_id = job_id;
+    layout.nproc_per_node = nproc;
+    setup_logging(job_id, layout.node_id, config.log_level);
+    spdlog::info("smddp-daemon {} starting (pid {})", kVersion, ::getpid());
+    spdlog::info("config: {}; arena {} MiB per rank, chunk {} KiB, stall warning {} s, timeout {} s",
+                 config_path.empty() ? "built-in defaults" : config_path, config.arena_bytes >> 20,
+                 config.chunk_bytes >> 10, config.stall_warning.count(), config.collective_timeout.count());
+    spdlog::info("topology: node {} of {} on {}, {} rank(s) per node, world size {}, rendezvous {}:{}",
+                 layout.node_id, layout.num_nodes, layout.hostname, nproc, nproc * layout.num_nodes,
+                 layout.master_addr, layout.master_port);
+    if (layout.num_nodes > 1)
+      throw std::runtime_error("jobs across " + std::to_string(layout.num_nodes) +
+                               " nodes need the fabric transport, which this build does not have yet");
+    layout.transport = "none (single node)";
+    spdlog::info("transport: {}", layout.transport);
+
+    struct sigaction sa {};
+    sa.sa_handler = [](int sig) { daemon::Daemon::request_stop(sig); };
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::sigaction(SIGHUP, &sa, nullptr);
+    struct sigaction chld {};
+    chld.sa_handler = [](int) {};  // interrupts the idle futex wait so exits are seen at once
+    sigemptyset(&chld.sa_mask);
+    ::sigaction(SIGCHLD, &chld, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+
+    int status = 0;
+    {
+      daemon::Daemon d(layout, config);
+      status = d.run(command);
+    }
+    spdlog::shutdown();
+    return status;
+  } catch (const std::exception& e) {
+    std::cerr << "smddp-daemon: error: " << e.what() << "\n";
+    return 1;
+  }
+}

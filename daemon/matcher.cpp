@@ -1,0 +1,385 @@
+#include "daemon/matcher.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "ipc/types.hpp"
+
+namespace smddp::daemon {
+
+using ipc::OpType;
+using ipc::RequestDesc;
+using ipc::Status;
+
+namespace {
+
+bool reduces(OpType op) { return op == OpType::AllReduce || op == OpType::Reduce || op == OpType::ReduceScatter; }
+bool rooted(OpType op) {
+  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
+}
+
+// The fields every member must agree on.
+bool same_signature(const RequestDesc& a, const RequestDesc& b) {
+  constexpr std::uint32_t kMustMatch = ipc::kFlagSdp | ipc::kFlagSplits;
+  if (a.op != b.op || a.dtype != b.dtype || a.count != b.count || a.chunk_offset != b.chunk_offset ||
+      a.chunk_count != b.chunk_count || (a.flags & kMustMatch) != (b.flags & kMustMatch))
+    return false;
+  if (reduces(a.op) && (a.reduce_op != b.reduce_op)) return false;
+  if (rooted(a.op) && a.root != b.root) return false;
+  return true;
+}
+
+}  // namespace
+
+std::string describe_call(const RequestDesc& d) {
+  std::ostringstream s;
+  s << ipc::to_string(d.op) << "(";
+  if (d.op == OpType::Barrier) return s.str() + ")";
+  s << ipc::to_string(d.dtype) << ", count=" << d.count;
+  if (d.chunk_count != d.count) s << ", chunk=" << d.chunk_offset << "+" << d.chunk_count;
+  if (reduces(d.op)) s << ", op=" << ipc::to_string(d.reduce_op);
+  if (rooted(d.op)) s << ", root=" << d.root;
+  if (d.op == OpType::Send || d.op == OpType::Recv) s << ", peer=" << d.root << ", tag=" << d.tag;
+  if (d.flags & ipc::kFlagSplits) s << ", uneven splits";
+  s << ")";
+  return s.str();
+}
+
+Matcher::Matcher(std::vector<int> slot_of_global, std::chrono::milliseconds default_timeout)
+    : slot_of_global_(std::move(slot_of_global)), default_timeout_(default_timeout) {
+  auto world = std::make_unique<Communicator>();
+  world->id = 0;
+  for (int g = 0; g < static_cast<int>(slot_of_global_.size()); ++g) {
+    world->global_ranks.push_back(g);
+    world->slots.push_back(slot_of_global_[static_cast<std::size_t>(g)]);
+  }
+  comms_.emplace(0, std::move(world));
+}
+
+const Communicator* Matcher::find(std::uint64_t comm_id) const {
+  auto it = comms_.find(comm_id);
+  return it == comms_.end() ? nullptr : it->second.get();
+}
+
+std::chrono::milliseconds Matcher::timeout_of(const RequestDesc& d) const {
+  return d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : default_timeout_;
+}
+
+std::optional<std::string> Matcher::failed_seq(std::uint64_t comm, std::uint64_t seq) const {
+  auto it = failed_.find({comm, seq});
+  if (it == failed_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Matcher::remember_failure(std::uint64_t comm, std::uint64_t seq, const std::string& error) {
+  failed_[{comm, seq}] = error;
+  // Chunks of a failed collective arrive shortly after; old entries are of no use.
+  while (failed_.size() > 4096) failed_.erase(failed_.begin());
+}
+
+std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d, Clock::time_point now) {
+  std::vector<Match> out;
+  const Communicator* comm = find(d.comm_id);
+  Posted p{slot, group_rank, d, now};
+  if (comm == nullptr) {
+    out.push_back({nullptr, {p}, Status::InvalidRequest,
+                   "communicator " + std::to_string(d.comm_id) + " does not exist on this node"});
+    return out;
+  }
+  if (d.op == OpType::Send || d.op == OpType::Recv) {
+    const bool is_send = d.op == OpType::Send;
+    P2pKey key{d.comm_id, is_send ? group_rank : d.root, is_send ? d.root : group_rank, d.seq, d.chunk_offset};
+    auto [it, fresh] = p2p_.try_emplace(key, P2pEntry{comm, {}, {}, now, timeout_of(d)});
+    auto& e = it->second;
+    auto& mine = is_send ? e.send : e.recv;
+    if (mine) {
+      out.push_back({comm, {p}, Status::InvalidRequest, "duplicate " + describe_call(d) + " with seq " +
+                                                            std::to_string(d.seq)});
+      return out;
+    }
+    mine = p;
+    e.timeout = std::min(e.timeout, timeout_of(d));
+    if (e.send && e.recv) {
+      Match m{comm, {*e.send, *e.recv}, Status::Ok, {}};
+      const auto& s = e.send->desc;
+      const auto& r = e.recv->desc;
+      if (s.dtype != r.dtype || s.count != r.count || s.chunk_offset != r.chunk_offset ||
+          s.chunk_count != r.chunk_count || s.tag != r.tag) {
+        m.status = Status::Mismatch;
+        m.error = "send/recv mismatch on communicator " + std::to_string(d.comm_id) + ": rank " +
+                  std::to_string(comm->global_ranks[static_cast<std::size_t>(e.send->group_rank)]) + " called " +
+                  describe_call(s) + ", rank " +
+                  std::to_string(comm->global_ranks[static_cast<std::size_t>(e.recv->group_rank)]) + " called " +
+                  describe_call(r);
+      }
+      p2p_.erase(it);
+      out.push_back(std::move(m));
+    }
+    return out;
+  }
+
+  if (auto err = failed_seq(d.comm_id, d.seq)) {
+    out.push_back({comm, {p}, Status::Mismatch, *err});
+    return out;
+  }
+  CollKey key{d.comm_id, d.seq, d.chunk_offset};
+  auto [it, fresh] = collectives_.try_emplace(key);
+  auto& e = it->second;
+  if (fresh) {
+    e.comm = comm;
+    e.by_rank.resize(static_cast<std::size_t>(comm->size()));
+    e.first = now;
+    e.timeout = timeout_of(d);
+  }
+  auto& cell = e.by_rank[static_cast<std::size_t>(group_rank)];
+  if (cell) {
+    out.push_back({comm, {p}, Status::InvalidRequest,
+                   "rank posted " + describe_call(d) + " twice with seq " + std::to_string(d.seq)});
+    return out;
+  }
+  cell = p;
+  ++e.count;
+  e.timeout = std::min(e.timeout, timeout_of(d));
+  // A mismatch is reported as soon as it is visible, not when the last rank arrives.
+  const bool all_here = e.count == comm->local_member_count();
+  bool agree = true;
+  for (const auto& q : e.by_rank)
+    if (q && !same_signature(q->desc, d)) agree = false;
+  if (all_here || !agree) {
+    out.push_back(check_signatures(e, key));
+    collectives_.erase(it);
+  }
+  return out;
+}
+
+Match Matcher::check_signatures(Entry& e, const CollKey& key) {
+  Match m{e.comm, {}, Status::Ok, {}};
+  bool agree = true;
+  const RequestDesc* first = nullptr;
+  for (auto& q : e.by_rank) {
+    if (!q) continue;
+    if (!first) first = &q->desc;
+    else if (!same_signature(*first, q->desc)) agree = false;
+  }
+  if (!agree) {
+    std::ostringstream s;
+    s << "collective mismatch on communicator " << std::get<0>(key) << " (operation #" << std::get<1>(key) << "):";
+    const char* sep = " ";
+    for (auto& q : e.by_rank) {
+      if (!q) continue;
+      s << sep << "rank " << e.comm->global_ranks[static_cast<std::size_t>(q->group_rank)] << " called "
+        << describe_call(q->desc);
+      sep = ", ";
+    }
+    for (int g = 0; g < e.comm->size(); ++g)
+      if (!e.by_rank[static_cast<std::size_t>(g)] && e.comm->slots[static_cast<std::size_t>(g)] >= 0)
+        s << sep << "rank " << e.comm->global_ranks[static_cast<std::size_t>(g)] << " has not called it yet";
+    m.status = Status::Mismatch;
+    m.error = s.str();
+    remember_failure(std::get<0>(key), std::get<1>(key), m.error);
+  }
+  for (auto& q : e.by_rank)
+    if (q) m.posted.push_back(*q);
+  return m;
+}
+
+std::vector<Match> Matcher::post_create(int slot, const RequestDesc& d, std::vector<int> members,
+                                        Clock::time_point now) {
+  std::vector<Match> out;
+  Posted p{slot, -1, d, now};
+  auto fail_one = [&](std::string why) {
+    out.push_back({nullptr, {p}, Status::InvalidRequest, std::move(why)});
+    return out;
+  };
+  if (d.comm_id == 0) return fail_one("communicator id 0 is the world and cannot be created");
+  if (comms_.count(d.comm_id)) return fail_one("communicator " + std::to_string(d.comm_id) + " already exists");
+  const int world = static_cast<int>(slot_of_global_.size());
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    return fail_one("communicator members contain a rank twice");
+  for (int g : members)
+    if (g < 0 || g >= world) return fail_one("communicator member " + std::to_string(g) + " is not a rank of the job");
+  int my_global = -1;
+  for (int g = 0; g < world; ++g)
+    if (slot_of_global_[static_cast<std::size_t>(g)] == slot) my_global = g;
+  auto pos = std::find(members.begin(), members.end(), my_global);
+  if (pos == members.end())
+    return fail_one("rank " + std::to_string(my_global) + " asked to create a communicator it is not a member of");
+  p.group_rank = static_cast<int>(pos - members.begin());
+
+  auto [it, fresh] = creates_.try_emplace(d.comm_id);
+  auto& e = it->second;
+  if (fresh) {
+    e.members = members;
+    e.first = now;
+    e.timeout = timeout_of(d);
+  }
+  e.posted.push_back(p);
+  e.lists.push_back(members);
+  if (e.members != members) {
+    std::ostringstream t;
+    t << "communicator " << d.comm_id << " created with different member lists:";
+    for (std::size_t i = 0; i < e.posted.size(); ++i) {
+      t << (i ? "; " : " ") << "slot " << e.posted[i].slot << " asked for [";
+      for (std::size_t k = 0; k < e.lists[i].size(); ++k) t << (k ? "," : "") << e.lists[i][k];
+      t << "]";
+    }
+    Match m{nullptr, e.posted, Status::Mismatch, t.str()};
+    creates_.erase(it);
+    out.push_back(std::move(m));
+    return out;
+  }
+  int local_members = 0;
+  for (int g : members) local_members += slot_of_global_[static_cast<std::size_t>(g)] >= 0;
+  if (static_cast<int>(e.posted.size()) == local_members) {
+    auto comm = std::make_unique<Communicator>();
+    comm->id = d.comm_id;
+    comm->global_ranks = members;
+    for (int g : members) comm->slots.push_back(slot_of_global_[static_cast<std::size_t>(g)]);
+    const Communicator* c = comm.get();
+    comms_.emplace(d.comm_id, std::move(comm));
+    Match m{c, std::move(e.posted), Status::Ok, {}};
+    creates_.erase(it);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::vector<Match> Matcher::expire(Clock::time_point now, std::chrono::seconds stall_after,
+                                   std::vector<StallInfo>& new_stalls) {
+  std::vector<Match> out;
+  for (auto it = collectives_.begin(); it != collectives_.end();) {
+    auto& e = it->second;
+    const auto age = now - e.first;
+    std::vector<int> missing;
+    for (int g = 0; g < e.comm->size(); ++g)
+      if (!e.by_rank[static_cast<std::size_t>(g)] && e.comm->slots[static_cast<std::size_t>(g)] >= 0)
+        missing.push_back(e.comm->global_ranks[static_cast<std::size_t>(g)]);
+    const RequestDesc* any = nullptr;
+    for (auto& q : e.by_rank)
+      if (q) any = &q->desc;
+    if (age >= e.timeout) {
+      std::ostringstream s;
+      s << describe_call(*any) << " on communicator " << std::get<0>(it->first) << " (operation #"
+        << std::get<1>(it->first) << ") timed out after "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(e.timeout).count() / 1000.0
+        << " s: rank(s)";
+      for (int g : missing) s << " " << g;
+      s << " never posted it";
+      Match m{e.comm, {}, Status::Timeout, s.str()};
+      for (auto& q : e.by_rank)
+        if (q) m.posted.push_back(*q);
+      remember_failure(std::get<0>(it->first), std::get<1>(it->first), m.error);
+      out.push_back(std::move(m));
+      it = collectives_.erase(it);
+      continue;
+    }
+    if (!e.stall_reported && age >= stall_after) {
+      e.stall_reported = true;
+      new_stalls.push_back({std::get<0>(it->first), std::get<1>(it->first), any->op,
+                            std::chrono::duration<double>(age).count(), missing});
+    }
+    ++it;
+  }
+  for (auto it = p2p_.begin(); it != p2p_.end();) {
+    auto& e = it->second;
+    const auto age = now - e.first;
+    const Posted& have = e.send ? *e.send : *e.recv;
+    const int missing_group = e.send ? std::get<2>(it->first) : std::get<1>(it->first);
+    const int missing = e.comm->global_ranks[static_cast<std::size_t>(missing_group)];
+    if (age >= e.timeout) {
+      Match m{e.comm, {have}, Status::Timeout,
+              describe_call(have.desc) + " timed out: rank " + std::to_string(missing) + " never posted the matching " +
+                  (e.send ? "recv" : "send")};
+      out.push_back(std::move(m));
+      it = p2p_.erase(it);
+      continue;
+    }
+    if (!e.stall_reported && age >= stall_after) {
+      e.stall_reported = true;
+      new_stalls.push_back({std::get<0>(it->first), std::get<3>(it->first), have.desc.op,
+                            std::chrono::duration<double>(age).count(), {missing}});
+    }
+    ++it;
+  }
+  for (auto it = creates_.begin(); it != creates_.end();) {
+    if (now - it->second.first >= it->second.timeout) {
+      out.push_back({nullptr, it->second.posted, Status::Timeout,
+                     "creating communicator " + std::to_string(it->first) + " timed out: not every member joined"});
+      it = creates_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<StallInfo> Matcher::stalls(Clock::time_point now, std::chrono::seconds stall_after) const {
+  std::vector<StallInfo> out;
+  for (const auto& [key, e] : collectives_) {
+    const auto age = now - e.first;
+    if (age < stall_after) continue;
+    StallInfo s{std::get<0>(key), std::get<1>(key), ipc::OpType::Barrier, std::chrono::duration<double>(age).count(), {}};
+    for (int g = 0; g < e.comm->size(); ++g) {
+      const auto& q = e.by_rank[static_cast<std::size_t>(g)];
+      if (q) s.op = q->desc.op;
+      else if (e.comm->slots[static_cast<std::size_t>(g)] >= 0)
+        s.missing_global_ranks.push_back(e.comm->global_ranks[static_cast<std::size_t>(g)]);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<Match> Matcher::fail_waiting_for(int slot, Status status, const std::string& error) {
+  std::vector<Match> out;
+  for (auto it = collectives_.begin(); it != collectives_.end();) {
+    auto& e = it->second;
+    auto g = e.comm->group_rank_of_slot(slot);
+    if (g && !e.by_rank[static_cast<std::size_t>(*g)]) {
+      Match m{e.comm, {}, status, error};
+      for (auto& q : e.by_rank)
+        if (q) m.posted.push_back(*q);
+      remember_failure(std::get<0>(it->first), std::get<1>(it->first), error);
+      out.push_back(std::move(m));
+      it = collectives_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = p2p_.begin(); it != p2p_.end();) {
+    auto& e = it->second;
+    const int missing_group = e.send ? std::get<2>(it->first) : std::get<1>(it->first);
+    if (e.comm->slots[static_cast<std::size_t>(missing_group)] == slot) {
+      out.push_back({e.comm, {e.send ? *e.send : *e.recv}, status, error});
+      it = p2p_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::vector<Match> Matcher::fail_all(Status status, const std::string& error) {
+  std::vector<Match> out;
+  for (auto& [key, e] : collectives_) {
+    Match m{e.comm, {}, status, error};
+    for (auto& q : e.by_rank)
+      if (q) m.posted.push_back(*q);
+    out.push_back(std::move(m));
+  }
+  collectives_.clear();
+  for (auto& [key, e] : p2p_) {
+    Match m{e.comm, {}, status, error};
+    if (e.send) m.posted.push_back(*e.send);
+    if (e.recv) m.posted.push_back(*e.recv);
+    out.push_back(std::move(m));
+  }
+  p2p_.clear();
+  for (auto& [id, e] : creates_) out.push_back({nullptr, e.posted, status, error});
+  creates_.clear();
+  return out;
+}
+
+}  // namespace smddp::daemon

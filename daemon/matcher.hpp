@@ -1,0 +1,121 @@
+// Matcher: lines collectives up across the ranks of a node.
+//
+// Each rank numbers its operations per communicator (seq); a pipelined operation posts one
+// request per chunk, all with the same seq and their own chunk_offset. A collective (comm,
+// seq, chunk) is ready once every local member posted it and all agree on its signature
+// (op, dtype, count, chunk, reduce op, root, flags). Send/recv pair up by (comm, src, dst,
+// per-pair seq). Disagreement fails the collective on every member with one message naming
+// each rank's call; a failed seq stays failed, so chunks still in flight fail at once.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "daemon/communicator.hpp"
+#include "ipc/protocol.hpp"
+
+namespace smddp::daemon {
+
+using Clock = std::chrono::steady_clock;
+
+struct Posted {
+  int slot = -1;
+  int group_rank = -1;
+  ipc::RequestDesc desc;
+  Clock::time_point at;
+};
+
+// What the matcher decided: run `posted` (status Ok), or fail every one of them.
+struct Match {
+  const Communicator* comm = nullptr;
+  std::vector<Posted> posted;  // collectives: indexed by group rank; p2p: {send, recv}
+  ipc::Status status = ipc::Status::Ok;
+  std::string error;
+};
+
+struct StallInfo {
+  std::uint64_t comm_id;
+  std::uint64_t seq;
+  ipc::OpType op;
+  double waiting_s;
+  std::vector<int> missing_global_ranks;
+};
+
+class Matcher {
+ public:
+  // The world communicator (id 0) holds every global rank; `slot_of_global` maps global rank
+  // to local slot (-1 if remote).
+  Matcher(std::vector<int> slot_of_global, std::chrono::milliseconds default_timeout);
+
+  // Finds the communicator and the poster's group rank (validation needs them).
+  const Communicator* find(std::uint64_t comm_id) const;
+
+  // Queues a validated request. Returns the matches it completes (0 or 1).
+  std::vector<Match> post(int slot, int group_rank, const ipc::RequestDesc& desc, Clock::time_point now);
+  // CommCreate requests: `members` are the global ranks read from the poster's aux buffer.
+  std::vector<Match> post_create(int slot, const ipc::RequestDesc& desc, std::vector<int> members,
+                                 Clock::time_point now);
+
+  // Fails collectives past their timeout; reports (once each) those past `stall_after`.
+  std::vector<Match> expire(Clock::time_point now, std::chrono::seconds stall_after,
+                            std::vector<StallInfo>& new_stalls);
+  // Current stalls (for status), older than `stall_after`.
+  std::vector<StallInfo> stalls(Clock::time_point now, std::chrono::seconds stall_after) const;
+  // Fails what waits for `slot` to post (that rank has exited).
+  std::vector<Match> fail_waiting_for(int slot, ipc::Status status, const std::string& error);
+  // Fails everything pending (job failure).
+  std::vector<Match> fail_all(ipc::Status status, const std::string& error);
+
+  std::size_t pending_count() const noexcept { return collectives_.size() + p2p_.size() + creates_.size(); }
+  std::size_t communicator_count() const noexcept { return comms_.size(); }
+
+ private:
+  using CollKey = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;      // comm, seq, chunk
+  using P2pKey = std::tuple<std::uint64_t, int, int, std::uint64_t, std::uint64_t>;  // comm, src, dst, seq, chunk
+  struct Entry {
+    const Communicator* comm;
+    std::vector<std::optional<Posted>> by_rank;
+    int count = 0;
+    Clock::time_point first;
+    std::chrono::milliseconds timeout;
+    bool stall_reported = false;
+  };
+  struct P2pEntry {
+    const Communicator* comm;
+    std::optional<Posted> send, recv;
+    Clock::time_point first;
+    std::chrono::milliseconds timeout;
+    bool stall_reported = false;
+  };
+  struct CreateEntry {
+    std::vector<int> members;
+    std::vector<Posted> posted;
+    std::vector<std::vector<int>> lists;  // what each poster asked for, for the mismatch text
+    Clock::time_point first;
+    std::chrono::milliseconds timeout;
+  };
+
+  std::chrono::milliseconds timeout_of(const ipc::RequestDesc& d) const;
+  std::optional<std::string> failed_seq(std::uint64_t comm, std::uint64_t seq) const;
+  void remember_failure(std::uint64_t comm, std::uint64_t seq, const std::string& error);
+  Match check_signatures(Entry& e, const CollKey& key);
+
+  std::vector<int> slot_of_global_;
+  std::chrono::milliseconds default_timeout_;
+  std::map<std::uint64_t, std::unique_ptr<Communicator>> comms_;
+  std::map<CollKey, Entry> collectives_;
+  std::map<P2pKey, P2pEntry> p2p_;
+  std::map<std::uint64_t, CreateEntry> creates_;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::string> failed_;  // (comm, seq) -> error
+};
+
+// "allreduce(float32, count=8, op=sum)": how a rank's call is named in error messages.
+std::string describe_call(const ipc::RequestDesc& d);
+
+}  // namespace smddp::daemon

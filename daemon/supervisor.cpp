@@ -1,0 +1,128 @@
+#include "daemon/supervisor.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <stdexcept>
+#include <string_view>
+
+extern char** environ;
+
+namespace smddp::daemon {
+
+std::string describe_exit(int st) {
+  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) {
+    const int sig = WTERMSIG(st);
+    const char* abbrev = ::sigabbrev_np(sig);
+    return "was killed by signal " + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+  }
+  return "ended with wait status " + std::to_string(st);
+}
+
+int exit_code_of(int st) {
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+  return 1;
+}
+
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& set) {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    const auto key = kv.substr(0, kv.find('='));
+    if (key.starts_with("OMPI_") || key.starts_with("PMIX_") || key.starts_with("OPAL_") ||
+        key.starts_with("PRTE_") || key.starts_with("ORTE_") || set.count(std::string(key)))
+      continue;
+    env.emplace_back(kv);
+  }
+  for (const auto& [k, v] : set) env.push_back(k + "=" + v);
+  return env;
+}
+
+namespace {
+struct Pipe {
+  int fd[2] = {-1, -1};
+  Pipe() {
+    if (::pipe2(fd, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + ::strerror(errno));
+  }
+  ~Pipe() {
+    for (int f : fd)
+      if (f >= 0) ::close(f);
+  }
+  void close_end(int i) {
+    if (fd[i] >= 0) ::close(fd[i]);
+    fd[i] = -1;
+  }
+};
+}  // namespace
+
+pid_t Supervisor::spawn(int local_rank, const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  if (argv.empty()) throw std::invalid_argument("no command to run for the ranks");
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+
+  Pipe status;
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + ::strerror(errno));
+  if (pid == 0) {
+    // Child: only async-signal-safe calls from here on.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::execvpe(cargv[0], cargv.data(), cenv.data());
+    const int err = errno;
+    [[maybe_unused]] auto n = ::write(status.fd[1], &err, sizeof err);
+    ::_exit(127);
+  }
+  status.close_end(1);
+  int err = 0;
+  ssize_t n;
+  do n = ::read(status.fd[0], &err, sizeof err);
+  while (n < 0 && errno == EINTR);
+  if (n == sizeof err) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    throw std::runtime_error("cannot run '" + argv[0] + "': " + ::strerror(err));
+  }
+  running_[pid] = local_rank;
+  return pid;
+}
+
+std::vector<RankExit> Supervisor::reap() {
+  std::vector<RankExit> out;
+  for (auto it = running_.begin(); it != running_.end();) {
+    int st = 0;
+    const pid_t r = ::waitpid(it->first, &st, WNOHANG);
+    if (r == it->first || (r < 0 && errno == ECHILD)) {
+      out.push_back({it->second, it->first, r == it->first ? st : 0});
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+void Supervisor::signal_all(int sig) {
+  for (const auto& [pid, rank] : running_) ::kill(pid, sig);
+}
+
+Supervisor::~Supervisor() {
+  if (running_.empty()) return;
+  signal_all(SIGKILL);
+  for (const auto& [pid, rank] : running_) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+  }
+}
+
+}  // namespace smddp::daemon

@@ -1,0 +1,48 @@
+// Supervisor: starts the node's training ranks as children and notices when they end.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace smddp::daemon {
+
+struct RankExit {
+  int local_rank;
+  pid_t pid;
+  int wait_status;  // as returned by waitpid
+};
+
+// "exited with status 3", "was killed by signal 9 (SIGKILL)".
+std::string describe_exit(int wait_status);
+// The shell's convention: the exit status, or 128 + signal number.
+int exit_code_of(int wait_status);
+
+class Supervisor {
+ public:
+  Supervisor() = default;
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+  ~Supervisor();  // kills and reaps children still running
+
+  // Starts `argv` with `env` (full environment, "K=V"). Throws std::runtime_error when the
+  // program cannot be executed (reported by the child through a close-on-exec pipe).
+  pid_t spawn(int local_rank, const std::vector<std::string>& argv, const std::vector<std::string>& env);
+  // Non-blocking: children that ended since the last call.
+  std::vector<RankExit> reap();
+  void signal_all(int sig);
+  bool all_exited() const noexcept { return running_.empty(); }
+  std::size_t running() const noexcept { return running_.size(); }
+
+ private:
+  std::map<pid_t, int> running_;  // pid -> local rank
+};
+
+// Child environment: the daemon's own, without the MPI launcher's variables (ranks are not
+// MPI processes), plus `set` (which wins).
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& set);
+
+}  // namespace smddp::daemon

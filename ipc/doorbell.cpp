@@ -1,0 +1,34 @@
+#include "ipc/doorbell.hpp"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <ctime>
+
+namespace smddp::ipc {
+namespace {
+// Shared (not FUTEX_PRIVATE) futexes: the word lives in a segment mapped by several processes.
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t val, const timespec* ts) {
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, val, ts, nullptr, 0);
+}
+}  // namespace
+
+void Doorbell::ring() noexcept {
+  seq_.fetch_add(1, std::memory_order_acq_rel);
+  if (sleepers_.load(std::memory_order_seq_cst) != 0) futex(&seq_, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void Doorbell::wait(std::uint32_t ticket, std::chrono::microseconds timeout) noexcept {
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  if (seq_.load(std::memory_order_seq_cst) == ticket) {
+    timespec ts{};
+    ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000);
+    ts.tv_nsec = static_cast<long>((timeout.count() % 1000000) * 1000);
+    futex(&seq_, FUTEX_WAIT, ticket, &ts);
+  }
+  sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+}  // namespace smddp::ipc

@@ -1,0 +1,38 @@
+// Doorbell: a futex-backed wake-up word in shared memory (an event count).
+// The waiter reads a ticket, re-checks its condition, then sleeps until the ticket moves.
+// ring() costs one atomic add, plus a futex syscall only when somebody sleeps, so a busy
+// producer/consumer pair never enters the kernel.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace smddp::ipc {
+
+class Doorbell {
+ public:
+  std::uint32_t ticket() const noexcept { return seq_.load(std::memory_order_acquire); }
+  void ring() noexcept;
+  // Sleeps until ring() moves the ticket past `ticket` or `timeout` passes. Spurious
+  // wake-ups are possible: callers re-check their condition.
+  void wait(std::uint32_t ticket, std::chrono::microseconds timeout) noexcept;
+
+ private:
+  std::atomic<std::uint32_t> seq_{0};
+  std::atomic<std::uint32_t> sleepers_{0};
+};
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+// Spin-then-sleep: polls `ready()` for about `spin` (yielding the core between polls, so an
+// oversubscribed machine still makes progress), then sleeps on `bell` in slices of `slice`
+// until `ready()` or `deadline`. `on_slice()` runs after each sleep (liveness checks); if it
+// returns false the wait ends. Returns whether ready() became true.
+template <class Ready, class OnSlice>
+bool spin_then_wait(Doorbell& bell, Ready&& ready, std::chrono::steady_clock::time_point deadline,
+                    std::chrono::microseconds spin, std::chrono::microseconds slice,
+                    OnSlice&& on_slice);
+
+}  // namespace smddp::ipc
+
+#include "ipc/doorbell_inl.hpp"

@@ -1,0 +1,35 @@
+#pragma once
+
+#include <sched.h>
+
+#include <algorithm>
+
+namespace smddp::ipc {
+
+template <class Ready, class OnSlice>
+bool spin_then_wait(Doorbell& bell, Ready&& ready, std::chrono::steady_clock::time_point deadline,
+                    std::chrono::microseconds spin, std::chrono::microseconds slice,
+                    OnSlice&& on_slice) {
+  using clock = std::chrono::steady_clock;
+  if (ready()) return true;
+  const auto spin_end = clock::now() + spin;
+  for (unsigned i = 0;; ++i) {
+    if (ready()) return true;
+    if ((i & 63) == 63) {
+      if (clock::now() >= spin_end) break;
+      ::sched_yield();
+    }
+  }
+  for (;;) {
+    const std::uint32_t t = bell.ticket();
+    if (ready()) return true;
+    const auto now = clock::now();
+    if (now >= deadline) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
+    bell.wait(t, std::min(left, slice));
+    if (ready()) return true;
+    if (!on_slice()) return false;
+  }
+}
+
+}  // namespace smddp::ipc

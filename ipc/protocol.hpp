@@ -1,0 +1,86 @@
+// Request and completion descriptors: what travels through the per-rank rings.
+// Fixed-size, trivially copyable, no pointers: every field is checked by the daemon
+// (ipc/validate.hpp) before use.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+
+#include "ipc/types.hpp"
+
+namespace smddp::ipc {
+
+enum class BufferKind : std::uint8_t {
+  None = 0,
+  Arena = 1,    // offset/bytes inside the posting rank's host staging arena
+  CudaIpc = 2,  // a CUDA IPC memory handle + offset (GPU path)
+};
+
+inline constexpr std::size_t kCudaIpcHandleBytes = 64;
+
+struct BufferRef {
+  BufferKind kind = BufferKind::None;
+  std::uint8_t reserved[7] = {};
+  std::uint64_t offset = 0;  // byte offset in the arena, or in the IPC allocation
+  std::uint64_t bytes = 0;   // bytes this reference covers
+  // CUDA only: the allocation's IPC handle, its buffer id (cache key) and size.
+  std::uint64_t alloc_id = 0;
+  std::uint64_t alloc_bytes = 0;
+  std::uint8_t ipc_handle[kCudaIpcHandleBytes] = {};
+};
+
+// Request flags.
+inline constexpr std::uint32_t kFlagInPlace = 1u << 0;
+inline constexpr std::uint32_t kFlagSdp = 1u << 1;        // sharded-data-parallel AllGather path
+inline constexpr std::uint32_t kFlagSplits = 1u << 2;     // AllToAll with explicit splits in aux
+inline constexpr std::uint32_t kFlagLastChunk = 1u << 3;  // last chunk of a chunked collective
+inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk;
+
+struct RequestDesc {
+  std::uint64_t request_id = 0;  // client-chosen, echoed in the completion
+  std::uint64_t comm_id = 0;
+  std::uint64_t seq = 0;  // per communicator (collectives) or per peer pair (send/recv)
+  OpType op = OpType::Barrier;
+  DType dtype = DType::Float32;
+  ReduceOp reduce_op = ReduceOp::Sum;
+  std::uint8_t reserved0 = 0;
+  std::uint32_t flags = 0;
+  std::int32_t root = 0;  // group rank of the root, or the peer for send/recv
+  std::int32_t tag = 0;
+  std::uint64_t count = 0;         // the whole collective's count, meaning per OpType
+  std::uint64_t chunk_offset = 0;  // first element of this chunk (within a block)
+  std::uint64_t chunk_count = 0;   // elements of this chunk (within a block)
+  double scale = 1.0;              // PREMUL_SUM factor
+  std::uint32_t timeout_ms = 0;    // the process group's timeout; 0: daemon default
+  std::int32_t wait_event = -1;    // index in the rank's event table to wait on (GPU)
+  BufferRef input;
+  BufferRef output;
+  BufferRef aux;  // AllToAll splits (2*size int64: send then recv), CommCreate members
+};
+
+inline constexpr std::size_t kErrorTextBytes = 960;
+
+struct CompletionDesc {
+  std::uint64_t request_id = 0;
+  std::uint64_t comm_id = 0;
+  std::uint64_t seq = 0;
+  Status status = Status::Ok;
+  std::uint8_t reserved[3] = {};
+  std::int32_t daemon_event = -1;  // GPU: index of the daemon event that marks it done
+  char error[kErrorTextBytes] = {};
+
+  void set_error(std::string_view text) noexcept {
+    std::size_t n = text.size() < kErrorTextBytes - 1 ? text.size() : kErrorTextBytes - 1;
+    std::memcpy(error, text.data(), n);
+    error[n] = '\0';
+    if (n < text.size() && n >= 3) std::memcpy(error + n - 3, "...", 3);
+  }
+  std::string_view error_text() const noexcept { return {error, ::strnlen(error, kErrorTextBytes)}; }
+};
+
+static_assert(std::is_trivially_copyable_v<RequestDesc>);
+static_assert(std::is_trivially_copyable_v<CompletionDesc>);
+
+}  // namespace smddp::ipc

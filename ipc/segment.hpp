@@ -1,0 +1,130 @@
+// The node's shared-memory segment: header, one RankSlot per local rank (rings, doorbell,
+// CUDA event table), and one host staging arena per rank.
+//
+//   [SegmentHeader][RankSlot 0][RankSlot 1]...[arena 0][arena 1]...
+//
+// The daemon creates it (Segment::create: O_EXCL, mode 0600, stale segments of dead daemons
+// removed first) and unlinks it when the owning object dies; ranks attach (Segment::attach),
+// which refuses a segment of another layout version naming both versions.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "ipc/doorbell.hpp"
+#include "ipc/protocol.hpp"
+#include "ipc/ring.hpp"
+
+namespace boost::interprocess {
+class mapped_region;
+}
+
+namespace smddp::ipc {
+
+inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
+inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::size_t kRequestRingCapacity = 256;
+inline constexpr std::size_t kCompletionRingCapacity = 256;
+inline constexpr int kMaxLocalRanks = 64;
+inline constexpr int kMaxEvents = 256;
+inline constexpr std::size_t kJobIdBytes = 64;
+inline constexpr std::size_t kBusIdBytes = 32;
+
+enum class DaemonState : std::uint32_t { Starting = 0, Ready = 1, Failed = 2, Stopping = 3 };
+enum class SlotState : std::uint32_t { Empty = 0, Claiming = 1, Registered = 2, Exited = 3, Failed = 4 };
+
+struct SegmentHeader {
+  std::uint64_t magic = 0;
+  std::uint32_t layout_version = 0;
+  std::uint32_t header_bytes = 0;
+  std::uint64_t segment_bytes = 0;
+  std::int32_t daemon_pid = 0;
+  std::int32_t node_id = 0;
+  std::int32_t num_nodes = 1;
+  std::int32_t local_world_size = 0;
+  std::int32_t world_size = 0;
+  std::int32_t first_rank = 0;  // global rank of local rank 0
+  std::uint64_t arena_bytes = 0;
+  std::uint64_t chunk_bytes = 0;  // pipeline chunk target; every rank must chunk alike
+  std::uint64_t slots_offset = 0;
+  std::uint64_t slot_bytes = 0;
+  std::uint64_t arenas_offset = 0;
+  char job_id[kJobIdBytes] = {};
+  std::atomic<std::uint32_t> state{0};
+  std::atomic<std::uint64_t> heartbeat{0};
+  // Set once when the job fails (a rank or daemon died); job_error is written first.
+  std::atomic<std::uint32_t> job_failed{0};
+  char job_error[kErrorTextBytes] = {};
+  Doorbell daemon_bell;  // rung by ranks after posting requests or registering
+};
+
+struct RankSlot {
+  std::atomic<std::uint32_t> state{0};
+  std::int32_t pid = 0;
+  std::int32_t rank = -1;
+  std::int32_t local_rank = -1;
+  char device_bus_id[kBusIdBytes] = {};  // "" for CPU-only ranks
+  Doorbell client_bell;                  // rung by the daemon after posting completions
+  SpscRing<RequestDesc, kRequestRingCapacity> requests;
+  SpscRing<CompletionDesc, kCompletionRingCapacity> completions;
+  std::atomic<std::uint32_t> event_count{0};
+  std::uint8_t event_handles[kMaxEvents][kCudaIpcHandleBytes] = {};
+};
+
+struct SegmentSpec {
+  std::string job_id;
+  int node_id = 0;
+  int num_nodes = 1;
+  int local_world_size = 1;
+  int world_size = 1;
+  int first_rank = 0;
+  std::uint64_t arena_bytes = 32ull << 20;
+  std::uint64_t chunk_bytes = 1ull << 20;
+};
+
+std::uint64_t segment_bytes_for(const SegmentSpec& spec);
+
+class Segment {
+ public:
+  // Daemon side. Throws std::runtime_error with a clear message when a live daemon already
+  // owns the name ("job X already has a daemon on this node, pid P").
+  static Segment create(const SegmentSpec& spec);
+  // Rank side. Throws std::runtime_error when absent, of another layout version, or corrupt.
+  static Segment attach(const std::string& job_id, int node_id);
+  // Whether a segment of that name exists (no validation).
+  static bool exists(const std::string& job_id, int node_id);
+  // Removes the job's segment on `node_id` if its daemon is gone. Returns true if removed.
+  static bool remove_if_stale(const std::string& job_id, int node_id);
+  // Removes the job's segment unconditionally (used when the owner is known dead).
+  static void remove(const std::string& job_id, int node_id);
+  // Removes every smddp segment in /dev/shm whose daemon is dead. Returns how many.
+  static int remove_all_stale();
+
+  Segment(Segment&&) noexcept;
+  Segment& operator=(Segment&&) noexcept;
+  ~Segment();
+
+  SegmentHeader& header() const noexcept { return *header_; }
+  RankSlot& slot(int local_rank) const noexcept;
+  std::span<std::byte> arena(int local_rank) const noexcept;
+  const std::string& name() const noexcept { return name_; }
+  bool owner() const noexcept { return owner_; }
+  // The owner unlinks the name on destruction unless released (a forked child must not).
+  void disown() noexcept { owner_ = false; }
+
+ private:
+  Segment() = default;
+  std::unique_ptr<boost::interprocess::mapped_region> region_;
+  SegmentHeader* header_ = nullptr;
+  std::string name_;
+  bool owner_ = false;
+};
+
+// True if process `pid` exists (it may be a zombie).
+bool process_alive(int pid) noexcept;
+
+}  // namespace smddp::ipc

@@ -1,0 +1,76 @@
+// Rank program for the failure tests (tests/integration/test_failures.py).
+//   --mode mismatch   every rank calls allreduce with count 8 + rank; expects one error naming
+//                     each call, then checks the communicator still works
+//   --mode stuck      rank --victim writes its pid to DIR/victim.pid and sleeps (to be killed);
+//                     the others wait in an allreduce and report how their wait ended
+// Each rank prints "RESULT <rank> <unix time of the error> <message>" when an operation
+// fails, and exits 1 after a failure (as an uncaught exception would), 0 otherwise.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.hpp"
+
+using namespace smddp::client;
+
+namespace {
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode, dir = "/tmp";
+  int victim = -1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--mode") mode = argv[i + 1];
+    else if (a == "--dir") dir = argv[i + 1];
+    else if (a == "--victim") victim = std::stoi(argv[i + 1]);
+  }
+  auto client = Client::attach(AttachOptions::from_env());
+  auto world = client->world();
+  const int me = client->rank();
+  std::vector<float> buf(64, 1.0f);
+  world->barrier()->wait();
+
+  if (mode == "mismatch") {
+    try {
+      world->allreduce(buf.data(), buf.data(), 8 + static_cast<std::uint64_t>(me), DType::Float32, ReduceOp::Sum)->wait();
+      std::printf("RESULT %d %.3f no error\n", me, unix_now());
+      return 0;
+    } catch (const Error& e) {
+      std::printf("RESULT %d %.3f %s\n", me, unix_now(), e.what());
+    }
+    // The group stays usable after a mismatch.
+    std::vector<float> ok(4, 1.0f);
+    world->allreduce(ok.data(), ok.data(), 4, DType::Float32, ReduceOp::Sum)->wait();
+    std::printf("AFTER %d %g\n", me, ok[0]);
+    std::fflush(stdout);
+    return 0;
+  }
+  if (mode == "stuck") {
+    std::ofstream(dir + "/ready." + std::to_string(me)) << getpid() << "\n";
+    if (me == victim) {
+      std::ofstream(dir + "/victim.pid") << getpid() << "\n";
+      std::this_thread::sleep_for(std::chrono::seconds(120));
+      return 0;
+    }
+    try {
+      world->allreduce(buf.data(), buf.data(), buf.size(), DType::Float32, ReduceOp::Sum)->wait();
+      std::printf("RESULT %d %.3f no error\n", me, unix_now());
+      return 0;
+    } catch (const Error& e) {
+      std::printf("RESULT %d %.3f %s\n", me, unix_now(), e.what());
+      std::fflush(stdout);
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "unknown --mode %s\n", mode.c_str());
+  return 2;
+}

@@ -1,0 +1,118 @@
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <memory>
+#include <new>
+#include <random>
+
+#include "ipc/doorbell.hpp"
+#include "ipc/protocol.hpp"
+#include "ipc/ring.hpp"
+
+using namespace smddp::ipc;
+
+TEST(SpscRing, FifoAndFull) {
+  auto ring = std::make_unique<SpscRing<int, 4>>();
+  int v = 0;
+  EXPECT_EQ(ring->try_pop(v), (SpscRing<int, 4>::PopResult::Empty));
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(ring->try_push(i));
+  EXPECT_FALSE(ring->try_push(99));
+  EXPECT_EQ(ring->size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(ring->try_pop(v), (SpscRing<int, 4>::PopResult::Item));
+    EXPECT_EQ(v, i);
+  }
+  EXPECT_TRUE(ring->empty());
+  // Wrap-around many times.
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(ring->try_push(i));
+    ASSERT_EQ(ring->try_pop(v), (SpscRing<int, 4>::PopResult::Item));
+    ASSERT_EQ(v, i);
+  }
+}
+
+TEST(SpscRing, CorruptCountersAreDetected) {
+  auto ring = std::make_unique<SpscRing<int, 4>>();
+  ASSERT_TRUE(ring->try_push(1));
+  // A hostile producer scribbles a tail far ahead of head.
+  auto* words = reinterpret_cast<std::atomic<std::uint64_t>*>(ring.get());
+  words[64 / sizeof(std::uint64_t)].store(1000);  // tail lives on the second cache line
+  int v = 0;
+  EXPECT_EQ(ring->try_pop(v), (SpscRing<int, 4>::PopResult::Corrupt));
+}
+
+namespace {
+struct Shared {
+  SpscRing<RequestDesc, 64> ring;
+  Doorbell bell;
+};
+std::uint64_t checksum(const RequestDesc& d) { return d.seq * 0x9E3779B97F4A7C15ull ^ d.count ^ (d.chunk_count << 7); }
+}  // namespace
+
+// Two processes hammer one ring in shared memory: random burst sizes and payloads,
+// every item arrives once, in order, intact.
+TEST(SpscRing, TwoProcessesHammer) {
+  constexpr std::uint64_t kItems = 200000;
+  void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* sh = new (mem) Shared();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::mt19937_64 rng(42);
+    std::uint64_t sent = 0;
+    while (sent < kItems) {
+      const std::uint64_t burst = 1 + rng() % 97;
+      for (std::uint64_t b = 0; b < burst && sent < kItems;) {
+        RequestDesc d;
+        d.seq = sent;
+        d.count = rng();
+        d.chunk_count = rng() % 100000;
+        d.chunk_offset = checksum(d);
+        if (sh->ring.try_push(d)) {
+          ++sent;
+          ++b;
+          sh->bell.ring();
+        } else {
+          sched_yield();
+        }
+      }
+    }
+    ::_exit(0);
+  }
+  std::uint64_t got = 0, bad = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (got < kItems && std::chrono::steady_clock::now() < deadline) {
+    RequestDesc d;
+    auto r = sh->ring.try_pop(d);
+    if (r == decltype(sh->ring)::PopResult::Item) {
+      if (d.seq != got || d.chunk_offset != checksum(d)) ++bad;
+      ++got;
+    } else {
+      ASSERT_NE(r, decltype(sh->ring)::PopResult::Corrupt);
+      const auto t = sh->bell.ticket();
+      if (sh->ring.empty()) sh->bell.wait(t, std::chrono::microseconds(1000));
+    }
+  }
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  EXPECT_EQ(got, kItems);
+  EXPECT_EQ(bad, 0u);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ::munmap(mem, sizeof(Shared));
+}
+
+TEST(Doorbell, WaitTimesOutAndWakes) {
+  Doorbell bell;
+  const auto t0 = std::chrono::steady_clock::now();
+  bell.wait(bell.ticket(), std::chrono::microseconds(20000));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(15));
+  // A ring between ticket() and wait() is never lost.
+  const auto t = bell.ticket();
+  bell.ring();
+  const auto t1 = std::chrono::steady_clock::now();
+  bell.wait(t, std::chrono::seconds(5));
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(1));
+}

@@ -1,0 +1,125 @@
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "ipc/names.hpp"
+#include "ipc/segment.hpp"
+
+using namespace smddp::ipc;
+
+namespace {
+std::string unique_job(const char* tag) { return std::string("t-") + tag + "-" + std::to_string(::getpid()); }
+SegmentSpec spec(const std::string& job) {
+  SegmentSpec s;
+  s.job_id = job;
+  s.local_world_size = 2;
+  s.world_size = 2;
+  s.arena_bytes = 1 << 20;
+  return s;
+}
+}  // namespace
+
+TEST(Segment, CreateAttachAndRemove) {
+  const auto job = unique_job("basic");
+  const auto path = std::filesystem::path("/dev/shm") / segment_name(job, 0);
+  {
+    auto seg = Segment::create(spec(job));
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    auto view = Segment::attach(job, 0);
+    EXPECT_EQ(view.header().daemon_pid, ::getpid());
+    EXPECT_EQ(view.header().local_world_size, 2);
+    EXPECT_EQ(view.slot(1).rank, 1);
+    EXPECT_EQ(view.arena(1).size(), 1u << 20);
+    // Both mappings see the same memory.
+    seg.arena(1)[5] = std::byte{42};
+    EXPECT_EQ(view.arena(1)[5], std::byte{42});
+    EXPECT_NE(seg.arena(0).data(), seg.arena(1).data());
+  }
+  EXPECT_FALSE(std::filesystem::exists(path)) << "the owner must unlink on destruction";
+}
+
+TEST(Segment, LiveOwnerIsAnError) {
+  const auto job = unique_job("live");
+  auto seg = Segment::create(spec(job));
+  try {
+    Segment::create(spec(job));
+    FAIL() << "second create succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("already has a daemon on this node, pid " + std::to_string(::getpid())),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Segment, StaleSegmentOfDeadDaemonIsReplaced) {
+  const auto job = unique_job("stale");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto seg = Segment::create(spec(job));
+    seg.disown();  // die without unlinking, like a crashed daemon
+    ::_exit(0);
+  }
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  ASSERT_TRUE(Segment::exists(job, 0));
+  auto seg = Segment::create(spec(job));  // replaces it
+  EXPECT_EQ(seg.header().daemon_pid, ::getpid());
+}
+
+TEST(Segment, RemoveIfStaleKeepsLiveOnes) {
+  const auto job = unique_job("keep");
+  auto seg = Segment::create(spec(job));
+  EXPECT_FALSE(Segment::remove_if_stale(job, 0));
+  EXPECT_TRUE(Segment::exists(job, 0));
+}
+
+TEST(Segment, VersionMismatchNamesBothVersions) {
+  const auto job = unique_job("ver");
+  auto seg = Segment::create(spec(job));
+  seg.header().layout_version = kLayoutVersion + 7;
+  try {
+    Segment::attach(job, 0);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(std::to_string(kLayoutVersion + 7)), std::string::npos) << m;
+    EXPECT_NE(m.find("version " + std::to_string(kLayoutVersion)), std::string::npos) << m;
+  }
+}
+
+TEST(Segment, AttachWithoutDaemonSaysSo) {
+  try {
+    Segment::attach(unique_job("none"), 3);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no smddp daemon"), std::string::npos);
+  }
+}
+
+TEST(Names, JobIdsAreChecked) {
+  EXPECT_NO_THROW(check_job_id("job-1.a_b"));
+  EXPECT_THROW(check_job_id(""), std::invalid_argument);
+  EXPECT_THROW(check_job_id("../etc"), std::invalid_argument);
+  EXPECT_THROW(check_job_id("a b"), std::invalid_argument);
+  EXPECT_THROW(check_job_id(std::string(49, 'a')), std::invalid_argument);
+  EXPECT_EQ(segment_name("j", 2), "smddp.j.n2");
+}
+
+TEST(Names, SocketDirIsPrivate) {
+  const auto dir = std::filesystem::temp_directory_path() / ("smddp-sock-test-" + std::to_string(::getpid()));
+  ::setenv("SMDDP_SOCKET_DIR", dir.c_str(), 1);
+  ::mkdir(dir.c_str(), 0755);
+  EXPECT_EQ(ensure_socket_dir(), dir);
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(socket_path("j", 1), dir / "j.n1.sock");
+  std::filesystem::remove_all(dir);
+  ::unsetenv("SMDDP_SOCKET_DIR");
+}

@@ -1,0 +1,149 @@
+#include <gtest/gtest.h>
+
+#include "ipc/validate.hpp"
+
+using namespace smddp::ipc;
+
+namespace {
+ValidationContext ctx(int size = 4, int rank = 1) {
+  ValidationContext c;
+  c.group_size = size;
+  c.group_rank = rank;
+  c.arena_bytes = 1 << 20;
+  return c;
+}
+BufferRef arena(std::uint64_t off, std::uint64_t bytes) {
+  BufferRef b;
+  b.kind = BufferKind::Arena;
+  b.offset = off;
+  b.bytes = bytes;
+  return b;
+}
+RequestDesc allreduce(std::uint64_t n = 8) {
+  RequestDesc d;
+  d.op = OpType::AllReduce;
+  d.dtype = DType::Float32;
+  d.count = n;
+  d.chunk_count = n;
+  d.input = arena(0, n * 4);
+  d.output = arena(0, n * 4);
+  return d;
+}
+bool fails(const RequestDesc& d, const ValidationContext& c, const char* needle) {
+  auto err = validate_request(d, c);
+  if (!err) return false;
+  EXPECT_NE(err->find(needle), std::string::npos) << *err;
+  return true;
+}
+}  // namespace
+
+TEST(Validate, WellFormedRequestsPass) {
+  EXPECT_EQ(validate_request(allreduce(), ctx()), std::nullopt);
+  RequestDesc ag;
+  ag.op = OpType::AllGather;
+  ag.dtype = DType::BFloat16;
+  ag.count = ag.chunk_count = 10;
+  ag.input = arena(0, 20);
+  ag.output = arena(64, 80);
+  EXPECT_EQ(validate_request(ag, ctx()), std::nullopt);
+  RequestDesc b;
+  b.op = OpType::Barrier;
+  EXPECT_EQ(validate_request(b, ctx()), std::nullopt);
+  auto zero = allreduce(0);
+  EXPECT_EQ(validate_request(zero, ctx()), std::nullopt);
+}
+
+TEST(Validate, EnumsAndFlags) {
+  auto d = allreduce();
+  d.op = static_cast<OpType>(200);
+  EXPECT_TRUE(fails(d, ctx(), "unknown operation"));
+  d = allreduce();
+  d.dtype = static_cast<DType>(77);
+  EXPECT_TRUE(fails(d, ctx(), "unknown dtype"));
+  d = allreduce();
+  d.reduce_op = static_cast<ReduceOp>(99);
+  EXPECT_TRUE(fails(d, ctx(), "unknown reduce op"));
+  d = allreduce();
+  d.flags = 1u << 30;
+  EXPECT_TRUE(fails(d, ctx(), "unknown flags"));
+  d = allreduce();
+  d.reduce_op = ReduceOp::BXor;
+  EXPECT_TRUE(fails(d, ctx(), "not defined for float32"));
+  d = allreduce();
+  d.dtype = DType::Int32;
+  d.reduce_op = ReduceOp::Avg;
+  EXPECT_TRUE(fails(d, ctx(), "not defined for int32"));
+}
+
+TEST(Validate, BuffersAreBoundsChecked) {
+  auto d = allreduce();
+  d.input = arena((1 << 20) - 16, 32);
+  EXPECT_TRUE(fails(d, ctx(), "outside the staging arena"));
+  d = allreduce();
+  d.input.offset = ~0ull - 8;  // offset + bytes overflows
+  EXPECT_TRUE(fails(d, ctx(), "outside the staging arena"));
+  d = allreduce();
+  d.input = arena(2, 32);
+  EXPECT_TRUE(fails(d, ctx(), "not aligned"));
+  d = allreduce();
+  d.output.bytes = 31;
+  EXPECT_TRUE(fails(d, ctx(), "expected 32"));
+  d = allreduce();
+  d.input.kind = BufferKind::None;
+  EXPECT_TRUE(fails(d, ctx(), "missing"));
+  d = allreduce();
+  d.aux = arena(0, 8);
+  EXPECT_TRUE(fails(d, ctx(), "none is expected"));
+  d = allreduce();
+  d.input.kind = BufferKind::CudaIpc;
+  EXPECT_TRUE(fails(d, ctx(), "no GPU support"));
+  d = allreduce();
+  d.input.kind = static_cast<BufferKind>(9);
+  EXPECT_TRUE(fails(d, ctx(), "unknown kind"));
+}
+
+TEST(Validate, CountsChunksRootsPeers) {
+  auto d = allreduce();
+  d.count = kMaxCount + 1;
+  EXPECT_TRUE(fails(d, ctx(), "too large"));
+  d = allreduce(8);
+  d.chunk_offset = 4;
+  d.chunk_count = 8;
+  EXPECT_TRUE(fails(d, ctx(), "exceeds count"));
+  d = allreduce(8);
+  d.chunk_offset = ~0ull;
+  EXPECT_TRUE(fails(d, ctx(), "exceeds count"));
+  RequestDesc bc;
+  bc.op = OpType::Broadcast;
+  bc.count = bc.chunk_count = 1;
+  bc.root = 4;
+  bc.output = arena(0, 4);
+  EXPECT_TRUE(fails(bc, ctx(), "outside the group"));
+  RequestDesc s;
+  s.op = OpType::Send;
+  s.count = s.chunk_count = 1;
+  s.root = 1;
+  s.input = arena(0, 4);
+  EXPECT_TRUE(fails(s, ctx(4, 1), "itself"));
+  auto nm = ctx();
+  nm.group_rank = 9;
+  EXPECT_TRUE(fails(allreduce(), nm, "not a member"));
+  d = allreduce();
+  d.wait_event = 3;
+  EXPECT_TRUE(fails(d, ctx(), "never exported"));
+  d = allreduce();
+  d.scale = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(fails(d, ctx(), "NaN"));
+}
+
+TEST(Validate, RootOnlyBuffers) {
+  RequestDesc r;
+  r.op = OpType::Reduce;
+  r.count = r.chunk_count = 4;
+  r.root = 0;
+  r.input = arena(0, 16);
+  EXPECT_EQ(validate_request(r, ctx(4, 1)), std::nullopt);  // non-root: no output
+  r.output = arena(64, 16);
+  EXPECT_TRUE(fails(r, ctx(4, 1), "none is expected"));
+  EXPECT_EQ(validate_request(r, ctx(4, 0)), std::nullopt);  // root: output required
+}

@@ -1,0 +1,14 @@
+"""examples/train_ddp.py runs under smddprun and its loss falls."""
+
+import os
+import re
+
+from conftest import SOURCE_ROOT, run_job
+
+
+def test_train_ddp_example():
+    job = run_job(os.path.join(SOURCE_ROOT, "examples", "train_ddp.py"), 2, args=["--steps", "10"])
+    assert job.returncode == 0, job.output[-3000:]
+    losses = [float(m) for m in re.findall(r"step +\d+ +loss ([0-9.]+)", job.output)]
+    assert len(losses) == 10 and losses[-1] < losses[0], losses
+    assert "backend smddp" in job.output

@@ -1,0 +1,82 @@
+"""Helpers for rank scripts: report named checks as 'SMDDP-CHECK <rank> <name> OK|FAIL <detail>'
+lines that the pytest side collects, and exit non-zero if any failed."""
+
+import os
+import sys
+import traceback
+
+import torch
+
+
+class Checker:
+    def __init__(self, rank):
+        self.rank = rank
+        self.failed = 0
+        self.count = 0
+
+    def report(self, name, ok, detail=""):
+        self.count += 1
+        if not ok:
+            self.failed += 1
+        line = "SMDDP-CHECK %d %s %s %s" % (self.rank, name, "OK" if ok else "FAIL", detail.replace("\n", " | "))
+        # One write() per line: ranks share the pipe, and a line split across writes interleaves.
+        sys.stdout.flush()
+        os.write(1, (line + "\n").encode())
+
+    def run(self, name, fn, *args, **kwargs):
+        """Runs fn; a returned string (or raised exception) is a failure."""
+        try:
+            res = fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any failure is reported, not raised
+            tb = traceback.format_exc().strip().splitlines()
+            self.report(name, False, "%s: %s [%s]" % (type(e).__name__, e, tb[-3] if len(tb) > 2 else ""))
+            return
+        self.report(name, res is None or res is True, "" if res in (None, True) else str(res))
+
+    def expect(self, name, exc_type, fn, *args, contains=None, **kwargs):
+        """fn must raise exc_type (and its message must contain `contains`)."""
+        try:
+            fn(*args, **kwargs)
+        except exc_type as e:
+            if contains and contains not in str(e):
+                self.report(name, False, "raised %s without %r: %s" % (type(e).__name__, contains, e))
+            else:
+                self.report(name, True, "%s: %s" % (type(e).__name__, str(e)[:200]))
+            return
+        except Exception as e:  # noqa: BLE001
+            self.report(name, False, "raised %s, expected %s: %s" % (type(e).__name__, exc_type.__name__, e))
+            return
+        self.report(name, False, "did not raise %s" % exc_type.__name__)
+
+    def finish(self):
+        sys.stdout.flush()
+        os.write(1, ("SMDDP-DONE rank %d checks %d failed %d\n" % (self.rank, self.count, self.failed)).encode())
+        return 1 if self.failed else 0
+
+
+def close(a, b, rtol=0.0, atol=0.0):
+    """None if equal within tolerance, else a description of the difference."""
+    if a.dtype != b.dtype:
+        return "dtype %s != %s" % (a.dtype, b.dtype)
+    if a.shape != b.shape:
+        return "shape %s != %s" % (tuple(a.shape), tuple(b.shape))
+    if a.dtype == torch.bool or not (a.is_floating_point()):
+        if torch.equal(a, b):
+            return None
+        return "values differ: %s vs %s" % (a.flatten()[:8].tolist(), b.flatten()[:8].tolist())
+    if torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=True):
+        return None
+    diff = (a.double() - b.double()).abs().max().item()
+    return "max abs diff %g: %s vs %s" % (diff, a.flatten()[:8].tolist(), b.flatten()[:8].tolist())
+
+
+def init(backend="smddp"):
+    import torch.distributed as dist
+    import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
+    torch.set_num_threads(1)
+    dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def env_int(name, default):
+    return int(os.environ.get(name, default))

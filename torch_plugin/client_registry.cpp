@@ -1,0 +1,94 @@
+#include "torch_plugin/client_registry.hpp"
+
+#include <Python.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "torch_plugin/errors.hpp"
+
+namespace smddp::torch_plugin {
+
+namespace {
+
+std::mutex g_mutex;
+std::weak_ptr<client::Client> g_client;
+std::atomic<std::uint64_t> g_generation{0};
+
+const char* const kHowToStart =
+    " -- smddp ranks need an smddp daemon on their node. Launch the job with "
+    "`smddprun --nproc-per-node N -- python train.py`, or with `mpirun -np N python train.py` / "
+    "torchrun, where local rank 0 starts one (smddp-daemon --attach-mode).";
+
+}  // namespace
+
+std::shared_ptr<client::Client> shared_client() {
+  std::lock_guard lock(g_mutex);
+  if (auto c = g_client.lock()) {
+    return c;
+  }
+  client::AttachOptions opts;
+  try {
+    opts = client::AttachOptions::from_env();
+  } catch (const client::Error& e) {
+    const std::string why = e.what();
+    throw SmddpException(ErrorKind::DaemonUnreachable, "smddp: cannot attach to the smddp daemon: " + why +
+                                                           (why.find("smddprun") == std::string::npos ? kHowToStart : ""));
+  }
+  std::shared_ptr<client::Client> c;
+  try {
+    c = client::Client::attach(opts);
+  } catch (const client::Error& e) {
+    // The client's message already says how to start a daemon when it has none to reach.
+    const std::string why = e.what();
+    throw SmddpException(ErrorKind::DaemonUnreachable,
+                         "smddp: cannot attach to the smddp daemon of job '" + opts.job_id + "' on node " +
+                             std::to_string(opts.node_id) + ": " + why +
+                             (why.find("smddprun") == std::string::npos ? kHowToStart : ""));
+  }
+  g_client = c;
+  return c;
+}
+
+std::shared_ptr<client::Client> current_client() {
+  std::lock_guard lock(g_mutex);
+  return g_client.lock();
+}
+
+void release_client(std::shared_ptr<client::Client>&& client) {
+  if (!client) {
+    return;
+  }
+  // Only the last reference runs the destructor; whether this is it cannot be known without a
+  // race, so release the GIL whenever we hold it (cheap).
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* saved = PyEval_SaveThread();
+    client.reset();
+    PyEval_RestoreThread(saved);
+  } else {
+    client.reset();
+  }
+}
+
+std::uint64_t world_generation() { return g_generation.load(); }
+
+void bump_world_generation() { g_generation.fetch_add(1); }
+
+std::uint64_t communicator_id(const std::string& group_id) {
+  // FNV-1a over the generation and the name: stable across processes and runs.
+  std::uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](unsigned char byte) {
+    h ^= byte;
+    h *= 1099511628211ULL;
+  };
+  const std::uint64_t gen = world_generation();
+  for (int i = 0; i < 8; ++i) {
+    mix(static_cast<unsigned char>(gen >> (8 * i)));
+  }
+  for (const char ch : group_id) {
+    mix(static_cast<unsigned char>(ch));
+  }
+  return h == 0 ? 1 : h;
+}
+
+}  // namespace smddp::torch_plugin

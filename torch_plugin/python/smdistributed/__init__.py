@@ -1,0 +1,1 @@
+"""smdistributed: the open-source smddp re-implementation of SageMaker's distributed libraries."""

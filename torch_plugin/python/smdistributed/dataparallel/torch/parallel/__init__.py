@@ -1,0 +1,1 @@
+from smdistributed.dataparallel.torch.parallel.distributed import DistributedDataParallel  # noqa: F401

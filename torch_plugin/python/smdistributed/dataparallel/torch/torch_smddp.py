@@ -1,0 +1,66 @@
+"""Importing this module registers the c10d backend ``"smddp"`` with torch.distributed::
+
+    import smdistributed.dataparallel.torch.torch_smddp
+    torch.distributed.init_process_group(backend="smddp")
+
+Registration is idempotent (importing the module again, or under another name, is harmless).
+"""
+
+import inspect
+
+import torch
+import torch.distributed as dist
+
+from smdistributed.dataparallel.torch import _launch
+from smdistributed.dataparallel.exceptions import SMDDPError
+
+BACKEND_NAME = "smddp"
+
+# Fill RANK/WORLD_SIZE/... from mpirun and friends before the user's init_process_group reads them.
+_launch.map_launcher_env()
+
+
+def _load_extension():
+    try:
+        from smdistributed.dataparallel.torch import _smddp_c
+    except ImportError as e:
+        raise SMDDPError(
+            "smddp: the C++ extension _smddp_c could not be loaded (%s). It is built by the smddp "
+            "CMake project (target smddp_torch_plugin) for torch %s; put <build>/python on "
+            "PYTHONPATH." % (e, torch.__version__)
+        ) from e
+    return _smddp_c
+
+
+def _create_backend(dist_backend_opts, pg_options=None):
+    """The creator torch.distributed calls (extended API) for each smddp group."""
+    ext = _load_extension()
+    global_ranks = list(dist_backend_opts.global_ranks_in_group)
+    if not global_ranks:
+        # The default group: the first one a job creates, so the place to get a daemon going.
+        _launch.ensure_daemon(dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size)
+    timeout = dist_backend_opts.timeout
+    timeout_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    return ext.create_process_group(
+        dist_backend_opts.group_rank,
+        dist_backend_opts.group_size,
+        timeout_s,
+        str(dist_backend_opts.group_id),
+        global_ranks,
+    )
+
+
+def _register():
+    plugins = getattr(dist.Backend, "_plugins", {})
+    if BACKEND_NAME.upper() in plugins:
+        return
+    params = inspect.signature(dist.Backend.register_backend).parameters
+    kwargs = {"extended_api": True}
+    if "devices" in params:
+        # A list, never a string (2.x iterates a string char by char). Without "cpu" object
+        # collectives and barrier() fail.
+        kwargs["devices"] = ["cpu", "cuda"]
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, **kwargs)
+
+
+_register()

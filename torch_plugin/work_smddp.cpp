@@ -1,0 +1,196 @@
+#include "torch_plugin/work_smddp.hpp"
+
+#include <ATen/core/jit_type.h>
+
+#include "torch_plugin/errors.hpp"
+
+namespace smddp::torch_plugin {
+
+WorkSMDDP::WorkSMDDP(int rank, c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type),
+      op_name_(op_name),
+      outputs_(std::move(outputs)),
+      // Host path: no devices. The CUDA path will pass the output devices so the Future
+      // records and waits on events (see reference/pytorch-c10d.md, Gotcha 2).
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+WorkSMDDP::~WorkSMDDP() = default;
+
+void WorkSMDDP::add_op(client::WorkPtr op) {
+  std::lock_guard lock(state_mutex_);
+  ops_.push_back(std::move(op));
+}
+
+void WorkSMDDP::add_dependency(c10::intrusive_ptr<WorkSMDDP> child) {
+  std::lock_guard lock(state_mutex_);
+  children_.push_back(std::move(child));
+}
+
+void WorkSMDDP::keep_alive(at::Tensor t) { keep_alive_.push_back(std::move(t)); }
+
+void WorkSMDDP::set_epilogue(std::function<void()> fn) { epilogue_ = std::move(fn); }
+
+void WorkSMDDP::arm() {
+  std::vector<client::WorkPtr> ops;
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> children;
+  {
+    std::lock_guard lock(state_mutex_);
+    TORCH_INTERNAL_ASSERT(!armed_, "WorkSMDDP armed twice");
+    armed_ = true;
+    ops = ops_;
+    children = children_;
+  }
+  // One extra count held until every callback is registered, so completion cannot run while
+  // we are still registering.
+  pending_.store(static_cast<int>(ops.size() + children.size()) + 1);
+  for (auto& op : ops) {
+    // The callback owns a reference: a Work the caller dropped still completes its Future.
+    op->on_complete([self = c10::intrusive_ptr<WorkSMDDP>::reclaim_copy(this)] { self->child_done(); });
+  }
+  for (auto& child : children) {
+    child->when_finished([self = c10::intrusive_ptr<WorkSMDDP>::reclaim_copy(this)] { self->child_done(); });
+  }
+  child_done();
+}
+
+void WorkSMDDP::child_done() {
+  if (pending_.fetch_sub(1) == 1) {
+    finalize();
+  }
+}
+
+void WorkSMDDP::finalize() {
+  std::vector<client::WorkPtr> ops;
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> children;
+  {
+    std::lock_guard lock(state_mutex_);
+    // Moving the client works out breaks the cycle work -> client op -> callback -> work.
+    ops.swap(ops_);
+    children.swap(children_);
+  }
+  std::exception_ptr error;
+  for (const auto& op : ops) {
+    if (op->status() != client::Status::Ok) {
+      error = std::make_exception_ptr(from_client_error(op_name_, op->status(), op->error()));
+      break;
+    }
+  }
+  if (!error) {
+    for (const auto& child : children) {
+      if (!child->isSuccess()) {
+        error = child->exception();
+        break;
+      }
+    }
+  }
+  if (!error && epilogue_) {
+    try {
+      epilogue_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  epilogue_ = nullptr;
+  keep_alive_.clear();
+
+  finish(error);
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+
+  std::vector<std::function<void()>> listeners;
+  {
+    std::lock_guard lock(state_mutex_);
+    finalized_ = true;
+    listeners.swap(listeners_);
+  }
+  for (auto& cb : listeners) {
+    cb();
+  }
+}
+
+void WorkSMDDP::when_finished(std::function<void()> cb) {
+  {
+    std::lock_guard lock(state_mutex_);
+    if (!finalized_) {
+      listeners_.push_back(std::move(cb));
+      return;
+    }
+  }
+  cb();
+}
+
+bool WorkSMDDP::isCompleted() {
+  std::vector<client::WorkPtr> ops;
+  {
+    std::lock_guard lock(state_mutex_);
+    ops = ops_;
+  }
+  for (const auto& op : ops) {
+    if (!op->done()) {
+      op->test();  // progresses; never blocks
+    }
+  }
+  std::lock_guard lock(mutex_);
+  return completed_;
+}
+
+bool WorkSMDDP::isSuccess() const { return c10d::Work::isSuccess(); }
+
+std::exception_ptr WorkSMDDP::exception() const { return c10d::Work::exception(); }
+
+std::vector<at::Tensor> WorkSMDDP::result() { return outputs_; }
+
+void WorkSMDDP::synchronize() {
+  // Host path: the outputs are final once the work completed. The CUDA path will make the
+  // caller's current stream wait on the daemon's completion event here.
+}
+
+bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
+  std::vector<client::WorkPtr> ops;
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> children;
+  {
+    std::lock_guard lock(state_mutex_);
+    ops = ops_;
+    children = children_;
+  }
+  // Waiting on the client ops progresses them on this thread; failures are collected by
+  // finalize(), so only a wait that ended before the op did is reported from here.
+  for (const auto& op : ops) {
+    try {
+      op->wait(timeout);
+    } catch (const client::Error& e) {
+      if (!op->done()) {
+        throw from_client_error(op_name_, e.status(), e.what());
+      }
+    }
+  }
+  for (const auto& child : children) {
+    try {
+      child->wait(timeout);
+    } catch (...) {
+      if (!child->isCompleted()) {
+        throw;
+      }
+    }
+  }
+  std::unique_lock lock(mutex_);
+  if (timeout == kNoTimeout) {
+    cv_.wait(lock, [this] { return completed_; });
+  } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+    throw SmddpException(ErrorKind::Timeout, std::string("smddp ") + op_name_ + ": wait() gave up after " +
+                                                 std::to_string(timeout.count()) + " ms; the operation is still running");
+  }
+  if (exception_) {
+    std::rethrow_exception(exception_);
+  }
+  lock.unlock();
+  synchronize();
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkSMDDP::getFuture() { return future_; }
+
+}  // namespace smddp::torch_plugin

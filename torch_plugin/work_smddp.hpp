@@ -1,0 +1,73 @@
+// WorkSMDDP: the c10d::Work of one process-group call. It may cover several client
+// operations (a coalesced call, a mixed-dtype list) and other WorkSMDDPs (endCoalescing);
+// it finishes when all of them have, then runs its epilogue (copies from staging tensors into
+// the caller's tensors) and completes its Future with the output tensors. Completion is
+// driven by the client's completion callbacks, so futures complete without anyone waiting
+// (what DDP's gradient hooks need).
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "client/client.hpp"
+#include "torch_plugin/torch_compat.hpp"
+
+namespace smddp::torch_plugin {
+
+class WorkSMDDP : public c10d::Work {
+ public:
+  // `op_name` names the call in error messages ("allreduce"); `outputs` are what result()
+  // and the Future report.
+  WorkSMDDP(int rank, c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs);
+  ~WorkSMDDP() override;
+
+  // --- building (before arm()) ---
+  void add_op(client::WorkPtr op);
+  void add_dependency(c10::intrusive_ptr<WorkSMDDP> child);
+  // Tensors the client reads or writes until the work is done (inputs, staging buffers).
+  void keep_alive(at::Tensor t);
+  // Runs once, after every op succeeded, before the Future completes.
+  void set_epilogue(std::function<void()> fn);
+  // Starts listening for completion. The work may complete inside this call.
+  void arm();
+
+  // --- c10d::Work ---
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  const char* op_name() const noexcept { return op_name_; }
+
+ private:
+  void child_done();
+  void finalize();
+  // Registers a callback that runs once this work finished (used by parents).
+  void when_finished(std::function<void()> cb);
+
+  const char* op_name_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> keep_alive_;
+  std::function<void()> epilogue_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+
+  // Guards ops_, children_, listeners_ and finalized_ (c10d::Work::mutex_ guards completed_
+  // and exception_ and is never held while calling out).
+  mutable std::mutex state_mutex_;
+  std::vector<client::WorkPtr> ops_;
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> children_;
+  std::vector<std::function<void()>> listeners_;
+  bool finalized_ = false;
+  std::atomic<int> pending_{0};
+  bool armed_ = false;
+};
+
+}  // namespace smddp::torch_plugin
