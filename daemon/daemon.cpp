@@ -123,7 +123,56 @@ int Daemon::run(const std::vector<std::string>& command) {
     spdlog::info("started rank {} (local rank {}) as pid {}", global, r, ranks_[static_cast<std::size_t>(r)].pid);
   }
   segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Ready), std::memory_order_release);
+  return loop();
+}
 
+int Daemon::serve_attached(std::chrono::seconds attach_timeout) {
+  attach_mode_ = true;
+  attach_deadline_ = Clock::now() + attach_timeout;
+  segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Ready), std::memory_order_release);
+  spdlog::info("attach mode: waiting for {} rank(s) to attach", layout_.nproc_per_node);
+  return loop();
+}
+
+bool Daemon::finished(Clock::time_point now) {
+  if (!attach_mode_) return supervisor_.all_exited();
+  bool all_gone = true, any = false;
+  for (const auto& r : ranks_) {
+    any = any || r.registered;
+    all_gone = all_gone && r.registered && r.exited;
+  }
+  if (all_gone) return true;
+  if (!any && attach_deadline_ && now >= *attach_deadline_) {
+    spdlog::error("no rank attached within the attach timeout; exiting");
+    if (exit_code_ == 0) exit_code_ = 1;
+    return true;
+  }
+  // After a failure, ranks that never came will not come.
+  if (failed_at_ && now - *failed_at_ >= config_.exit_grace) {
+    for (const auto& r : ranks_)
+      if (r.registered && !r.exited) return false;
+    return true;
+  }
+  return false;
+}
+
+void Daemon::watch_attached_ranks() {
+  for (int s = 0; s < layout_.nproc_per_node; ++s) {
+    auto& info = ranks_[static_cast<std::size_t>(s)];
+    if (!info.registered || info.exited) continue;
+    const auto& slot = segment_.slot(s);
+    if (info.pid == 0) info.pid = slot.pid;
+    const auto state = slot.state.load(std::memory_order_acquire);
+    const bool detached = state == static_cast<std::uint32_t>(ipc::SlotState::Exited);
+    if (detached || !ipc::process_alive(info.pid)) {
+      // A rank that detached exited cleanly; one that vanished did not say how it ended.
+      info.exit_known = detached;
+      on_rank_exit({s, info.pid, detached ? 0 : (1 << 8)});
+    }
+  }
+}
+
+int Daemon::loop() {
   Clock::time_point last_activity = Clock::now();
   for (;;) {
     const auto now = Clock::now();
@@ -133,7 +182,7 @@ int Daemon::run(const std::vector<std::string>& command) {
       continue;
     }
     if (now - last_housekeeping_ >= kHousekeepingEvery) housekeeping(now);
-    if (supervisor_.all_exited()) break;
+    if (finished(now)) break;
     if (now - last_activity < config_.spin) {
       ::sched_yield();
       continue;
@@ -165,6 +214,7 @@ bool Daemon::poll_rings(Clock::time_point now) {
     auto& info = ranks_[static_cast<std::size_t>(s)];
     if (!info.registered && slot.state.load(std::memory_order_acquire) == static_cast<std::uint32_t>(ipc::SlotState::Registered)) {
       info.registered = true;
+      if (attach_mode_) info.pid = slot.pid;
       spdlog::info("rank {} registered (pid {}, device {})", slot.rank, slot.pid,
                    slot.device_bus_id[0] ? slot.device_bus_id : "cpu");
     }
@@ -279,6 +329,7 @@ void Daemon::housekeeping(Clock::time_point now) {
   h.heartbeat.fetch_add(1, std::memory_order_relaxed);
 
   for (const auto& ex : supervisor_.reap()) on_rank_exit(ex);
+  if (attach_mode_) watch_attached_ranks();
   if (const int sig = stop_signal_.exchange(0)) {
     spdlog::warn("received signal {}; stopping the job", sig);
     supervisor_.signal_all(SIGTERM);
@@ -315,7 +366,9 @@ void Daemon::on_rank_exit(const RankExit& ex) {
   auto& slot = segment_.slot(ex.local_rank);
   const int global = layout_.node_id * layout_.nproc_per_node + ex.local_rank;
   const std::string what = "rank " + std::to_string(global) + " (pid " + std::to_string(ex.pid) + ") on node " +
-                           std::to_string(layout_.node_id) + " " + describe_exit(ex.wait_status);
+                           std::to_string(layout_.node_id) + " " +
+                           (info.exit_known ? describe_exit(ex.wait_status)
+                                            : std::string("exited without detaching from smddp (crashed or killed)"));
   const bool clean = exit_code_of(ex.wait_status) == 0;
   slot.state.store(static_cast<std::uint32_t>(clean ? ipc::SlotState::Exited : ipc::SlotState::Failed),
                    std::memory_order_release);

@@ -45,6 +45,10 @@ class Daemon {
   // Spawns the node's ranks running `command`, serves them until they all exit, and
   // returns the job's exit status (0, a failed rank's status, or 128 + its signal).
   int run(const std::vector<std::string>& command);
+  // Launch path 2: the ranks were started by mpirun or torchrun and attach by themselves.
+  // Serves them until every rank registered and went away (or none came within
+  // `attach_timeout`); a rank that vanishes without detaching fails the job.
+  int serve_attached(std::chrono::seconds attach_timeout);
 
   // Asks the loop to stop (signal handlers call this through a flag).
   static void request_stop(int signo) noexcept;
@@ -55,6 +59,7 @@ class Daemon {
     bool registered = false;
     bool exited = false;
     int wait_status = 0;
+    bool exit_known = true;  // false for attached ranks: we only saw them vanish
     std::uint64_t last_seq = 0;
     std::uint64_t pending = 0;
   };
@@ -64,6 +69,9 @@ class Daemon {
   void resolve(std::vector<Match> matches);
   void complete(const Posted& p, ipc::Status status, std::string_view error);
   void housekeeping(Clock::time_point now);
+  int loop();
+  bool finished(Clock::time_point now);
+  void watch_attached_ranks();
   void on_rank_exit(const RankExit& ex);
   void fail_job(const std::string& error, int exit_code);
   bool any_request_waiting() const;
@@ -84,6 +92,8 @@ class Daemon {
   Clock::time_point last_housekeeping_{};
   std::optional<Clock::time_point> failed_at_;
   bool sent_term_ = false, sent_kill_ = false;
+  bool attach_mode_ = false;
+  std::optional<Clock::time_point> attach_deadline_;
   int exit_code_ = 0;
   std::string job_error_;
 

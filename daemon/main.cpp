@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -110,7 +111,8 @@ daemon::JobLayout bootstrap(int simulate_nodes) {
 
 int main(int argc, char** argv) {
   std::string job_id, config_path, log_level, cleanup;
-  int nproc = 1, simulate = 0;
+  int nproc = 1, simulate = 0, node_id = 0, num_nodes = 1, attach_timeout = 120;
+  bool attach_mode = false;
   std::vector<std::string> overrides, command;
   po::options_description opts("smddp-daemon options (usually started by smddprun)");
   opts.add_options()
@@ -123,6 +125,11 @@ int main(int argc, char** argv) {
       ("log-level", po::value(&log_level), "trace, debug, info, warn, error")
       ("set", po::value(&overrides)->composing(), "override a config key: SECTION.KEY=VALUE (repeatable)")
       ("cleanup-job", po::value(&cleanup), "remove this machine's leftover segments and sockets of a job, then exit")
+      ("attach-mode", po::bool_switch(&attach_mode),
+       "launch path 2: ranks started by mpirun/torchrun attach by themselves (started by local rank 0)")
+      ("node-id", po::value(&node_id)->default_value(0), "attach mode: this node's id")
+      ("num-nodes", po::value(&num_nodes)->default_value(1), "attach mode: number of nodes")
+      ("attach-timeout", po::value(&attach_timeout)->default_value(120), "attach mode: seconds to wait for ranks")
       ("command", po::value(&command), "the rank command (after --)");
   po::positional_options_description pos;
   pos.add("command", -1);
@@ -148,14 +155,29 @@ int main(int argc, char** argv) {
       if (const char* env = std::getenv("SMDDP_JOB_ID")) job_id = env;
     if (job_id.empty()) throw std::invalid_argument("no job id: pass --job-id or set SMDDP_JOB_ID");
     ipc::check_job_id(job_id);
-    if (command.empty()) throw std::invalid_argument("no rank command given (smddp-daemon [options] -- COMMAND)");
+    if (command.empty() && !attach_mode)
+      throw std::invalid_argument("no rank command given (smddp-daemon [options] -- COMMAND)");
+    if (!command.empty() && attach_mode) throw std::invalid_argument("--attach-mode takes no rank command");
     if (nproc < 1 || nproc > ipc::kMaxLocalRanks)
       throw std::invalid_argument("--nproc-per-node must be 1.." + std::to_string(ipc::kMaxLocalRanks));
     auto config = daemon::DaemonConfig::load(config_path, overrides);
     if (!log_level.empty()) config.log_level = log_level;
 
-    MpiSession mpi(&argc, &argv);
-    auto layout = bootstrap(simulate);
+    std::optional<MpiSession> mpi;
+    daemon::JobLayout layout;
+    if (attach_mode) {
+      if (node_id < 0 || num_nodes < 1 || node_id >= num_nodes) throw std::invalid_argument("bad --node-id/--num-nodes");
+      layout.node_id = node_id;
+      layout.num_nodes = num_nodes;
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      layout.hostname = host;
+      if (const char* a = std::getenv("MASTER_ADDR")) layout.master_addr = a;
+      if (const char* p = std::getenv("MASTER_PORT")) layout.master_port = std::atoi(p);
+    } else {
+      mpi.emplace(&argc, &argv);
+      layout = bootstrap(simulate);
+    }
     layout.job_id = job_id;
     layout.nproc_per_node = nproc;
     setup_logging(job_id, layout.node_id, config.log_level);
@@ -187,7 +209,7 @@ int main(int argc, char** argv) {
     int status = 0;
     {
       daemon::Daemon d(layout, config);
-      status = d.run(command);
+      status = attach_mode ? d.serve_attached(std::chrono::seconds(attach_timeout)) : d.run(command);
     }
     spdlog::shutdown();
     return status;

@@ -140,12 +140,8 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
   cell = p;
   ++e.count;
   e.timeout = std::min(e.timeout, timeout_of(d));
-  // A mismatch is reported as soon as it is visible, not when the last rank arrives.
-  const bool all_here = e.count == comm->local_member_count();
-  bool agree = true;
-  for (const auto& q : e.by_rank)
-    if (q && !same_signature(q->desc, d)) agree = false;
-  if (all_here || !agree) {
+  // Judged once every member posted, so a mismatch error names every rank's call.
+  if (e.count == comm->local_member_count()) {
     out.push_back(check_signatures(e, key));
     collectives_.erase(it);
   }

@@ -26,6 +26,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--show-status", action="store_true",
+                        help="rank 0 prints 'smddp-ctl status' and 'smddp-ctl health' before exiting")
     args = parser.parse_args()
 
     dist.init_process_group(backend="smddp")
@@ -62,6 +64,15 @@ def main():
     dist.barrier()
     if rank == 0:
         print("done: %d ranks on %s, backend %s" % (world, device, dist.get_backend()), flush=True)
+        if args.show_status:
+            # The operator's view of the daemon serving this job, while it still runs.
+            import subprocess
+            job = ["--job", os.environ["SMDDP_JOB_ID"]] if "SMDDP_JOB_ID" in os.environ else []
+            subprocess.run(["smddp-ctl", "status", *job], check=False)
+            health = subprocess.run(["smddp-ctl", "health", *job], check=False)
+            print("smddp-ctl health exit status: %d (0 healthy, 1 degraded, 2 unreachable)" % health.returncode,
+                  flush=True)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test: unit tests, integration tests that
+# start real daemons and ranks through smddprun, the Python tests of the plugin, and ASan and
+# TSan builds of the ipc, client and daemon tests. GPU tests skip without a GPU.
+# Benchmarks are not run here: see scripts/bench_cpu.sh and scripts/device-check.sh.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+./scripts/setup.sh
+
+jobs=$(nproc)
+status=0
+run() { echo "== $*"; "$@" || status=1; }
+
+run ctest --test-dir build -L unit -j"$jobs" --output-on-failure --timeout 600
+run ctest --test-dir build -L 'integration|python|gpu' -j1 --output-on-failure
+
+if [ "${SMDDP_SKIP_SANITIZERS:-0}" != "1" ]; then
+  for san in address thread; do
+    dir="build-$san"
+    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSMDDP_ONLY_CORE=ON -DSMDDP_SANITIZE="$san" >/dev/null
+    cmake --build "$dir" -j"$jobs"
+    # TSan needs the default ASLR layout; setarch -R keeps it from failing on newer kernels.
+    if [ "$san" = thread ] && command -v setarch >/dev/null; then
+      run setarch "$(uname -m)" -R ctest --test-dir "$dir" -L unit -j"$jobs" --output-on-failure --timeout 900
+    else
+      run ctest --test-dir "$dir" -L unit -j"$jobs" --output-on-failure --timeout 900
+    fi
+  done
+fi
+
+left=$(ls /dev/shm 2>/dev/null | grep '^smddp\.' || true)
+if [ -n "$left" ]; then
+  echo "tests left shared-memory segments behind: $left"
+  status=1
+fi
+if [ "$status" -eq 0 ]; then echo "scripts/test.sh: all test suites passed"; else echo "scripts/test.sh: FAILURES above"; fi
+exit "$status"

@@ -1,0 +1,43 @@
+"""Every collective and dtype on host tensors, through smddprun with one daemon."""
+import re
+
+import pytest
+
+from conftest import bin_dir
+
+
+def assert_all_ranks_passed(out, nproc):
+    summaries = re.findall(r"rank (\d+): (\d+) cases, (\d+) failed", out)
+    assert len(summaries) == nproc, out[-4000:]
+    for rank, cases, failed in summaries:
+        assert int(cases) > 0 and int(failed) == 0, out[-4000:]
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_every_collective_small_sizes(job, nproc):
+    # Sizes 0, 1, 7 and 1 MiB + 3 elements (the checker's defaults), every dtype and reduce op,
+    # plus a communicator of ranks {0, 2}.
+    r = job.run(nproc, "collective_check", "--subgroup")
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, nproc)
+
+
+def test_every_collective_64_mib(job):
+    r = job.run(4, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20)
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 4)
+
+
+def test_bench_check_mode_reports_no_wrong_elements(job):
+    r = job.run(4, "smddp-bench", "-o", "allreduce", "-b", "8", "-e", "64M", "-f", "4", "-c", "1", "-n", "3", "-w", "1")
+    assert r.returncode == 0, r.stdout[-4000:]
+    rows = [l.split() for l in r.stdout.splitlines() if re.match(r"^\s*\d+\s+\d+\s+float", l)]
+    assert len(rows) >= 10, r.stdout[-4000:]
+    assert all(row[-1] == "0" for row in rows), r.stdout[-4000:]
+    assert "Out of bounds values : 0" in r.stdout
+
+
+def test_rank_command_that_cannot_run_fails_the_job(job):
+    r = job.run(2, "does-not-exist")
+    assert r.returncode != 0
+    assert "cannot run" in r.stdout

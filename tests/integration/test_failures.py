@@ -1,0 +1,82 @@
+"""Failures through smddprun: mismatches, a killed rank, a killed daemon. Every surviving
+rank must get an error that says what happened within 5 s, and nothing may be left behind."""
+import os
+import re
+import signal
+import time
+
+import pytest
+
+
+def results(out):
+    return {int(m.group(1)): (float(m.group(2)), m.group(3))
+            for m in re.finditer(r"^RESULT (\d+) ([\d.]+) (.*)$", out, re.M)}
+
+
+def wait_for_files(paths, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if all(p.exists() for p in paths):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not all of {paths} appeared")
+
+
+def test_mismatch_fails_every_rank_naming_each_call(job):
+    r = job.run(4, "failure_worker", "--mode", "mismatch")
+    assert r.returncode == 0, r.stdout[-3000:]
+    res = results(r.stdout)
+    assert sorted(res) == [0, 1, 2, 3], r.stdout[-3000:]
+    for rank, (_, msg) in res.items():
+        assert "collective mismatch" in msg, msg
+        for other in range(4):
+            assert f"rank {other} called allreduce(float32, count={8 + other}" in msg, msg
+    # The group stays usable after the mismatch.
+    assert len(re.findall(r"^AFTER \d 4$", r.stdout, re.M)) == 4, r.stdout[-3000:]
+
+
+def test_killed_rank_fails_the_others_within_5s(job):
+    proc = job.start(4, "failure_worker", "--mode", "stuck", "--victim", 2, "--dir", job.dir)
+    try:
+        wait_for_files([job.dir / f"ready.{r}" for r in range(4)] + [job.dir / "victim.pid"])
+        time.sleep(0.5)  # the others are now inside their allreduce
+        victim = int((job.dir / "victim.pid").read_text())
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    res = results(out)
+    assert sorted(res) == [0, 1, 3], out[-3000:]
+    for rank, (at, msg) in res.items():
+        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
+        assert f"rank 2 (pid {victim})" in msg and "SIGKILL" in msg, msg
+
+
+def test_killed_daemon_fails_every_rank_within_5s(job):
+    proc = job.start(4, "failure_worker", "--mode", "stuck", "--victim", 3, "--dir", job.dir)
+    victim = None
+    try:
+        wait_for_files([job.dir / f"ready.{r}" for r in range(4)] + [job.dir / "victim.pid"])
+        time.sleep(0.5)
+        victim = int((job.dir / "victim.pid").read_text())
+        daemon = int(open(f"/proc/{victim}/stat").read().split(")")[1].split()[1])  # the rank's parent
+        killed_at = time.time()
+        os.kill(daemon, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if victim:
+            try:
+                os.kill(victim, signal.SIGKILL)  # the sleeping rank never calls smddp again
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    res = results(out)
+    assert sorted(res) == [0, 1, 2], out[-3000:]
+    for rank, (at, msg) in res.items():
+        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
+        assert f"smddp daemon (pid {daemon}) on node 0 died" in msg, msg
