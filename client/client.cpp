@@ -166,6 +166,12 @@ void ClientImpl::start() {
   progress_ = std::thread([this] { progress_thread(); });
 }
 
+namespace {
+// Set when the last reference to a client is dropped on its own progress thread (a callback
+// held it): the thread must then return without touching the destroyed client.
+thread_local bool t_client_destroyed_here = false;
+}  // namespace
+
 ClientImpl::~ClientImpl() {
   {
     std::lock_guard lk(mu_);
@@ -173,7 +179,14 @@ ClientImpl::~ClientImpl() {
   }
   work_cv_.notify_all();
   slot_.client_bell.ring();
-  if (progress_.joinable()) progress_.join();
+  if (progress_.joinable()) {
+    if (progress_.get_id() == std::this_thread::get_id()) {
+      t_client_destroyed_here = true;
+      progress_.detach();
+    } else {
+      progress_.join();
+    }
+  }
   std::uint32_t reg = static_cast<std::uint32_t>(ipc::SlotState::Registered);
   slot_.state.compare_exchange_strong(reg, static_cast<std::uint32_t>(ipc::SlotState::Exited));
 }
@@ -289,6 +302,8 @@ void ClientImpl::progress_locked(std::vector<std::function<void()>>& callbacks) 
     auto inf = std::move(it->second);
     inflight_.erase(it);
     OpState& op = *inf.op;
+    // The last reference to an op (and through it to this client) must go after unlocking.
+    callbacks.push_back([keep = inf.op] {});
     --op.inflight_;
     ++op.finished_;
     if (c.status == Status::Ok && op.status_ == Status::Ok) {
@@ -326,6 +341,7 @@ void ClientImpl::progress_locked(std::vector<std::function<void()>>& callbacks) 
     while (op.next_ < op.nchunks_ && submit_chunk_locked(op)) pushed = true;
     if (op.next_ < op.nchunks_) break;
     if (op.inflight_ == 0 && !op.done()) finish_locked(op, callbacks);
+    callbacks.push_back([keep = std::move(queue_.front())] {});
     queue_.pop_front();
   }
   const std::uint64_t p2p_budget = alloc_.capacity() / 2, window = alloc_.capacity() / 8;
@@ -344,6 +360,7 @@ void ClientImpl::progress_locked(std::vector<std::function<void()>>& callbacks) 
       continue;
     }
     if (op.inflight_ == 0 && !op.done()) finish_locked(op, callbacks);
+    callbacks.push_back([keep = std::move(*it)] {});
     it = p2p_.erase(it);
   }
   if (pushed) segment_.header().daemon_bell.ring();
@@ -360,7 +377,11 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, std::vector<s
       op->error_ = why;
     }
     finish_locked(*op, callbacks);
+    callbacks.push_back([keep = op] {});
   }
+  for (auto& [id, inf] : inflight_) callbacks.push_back([keep = std::move(inf.op)] {});
+  for (auto& op : queue_) callbacks.push_back([keep = std::move(op)] {});
+  for (auto& op : p2p_) callbacks.push_back([keep = std::move(op)] {});
   queue_.clear();
   p2p_.clear();
   // Regions stay allocated: a dead daemon will never answer for them.
@@ -395,6 +416,20 @@ bool ClientImpl::check_liveness_locked(std::vector<std::function<void()>>& callb
 }
 
 bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
+  {
+    std::lock_guard lk(mu_);
+    ++waiters_;
+  }
+  struct Leave {
+    ClientImpl& c;
+    ~Leave() {
+      {
+        std::lock_guard lk(c.mu_);
+        --c.waiters_;
+      }
+      c.work_cv_.notify_one();
+    }
+  } leave{*this};
   std::vector<std::function<void()>> callbacks;
   const auto ready = [&] { return op.done() || !slot_.completions.empty(); };
   while (!op.done()) {
@@ -408,8 +443,14 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
                       " well past its timeout";
         }
         // Its regions stay allocated; the daemon may still write them.
-        for (auto it = inflight_.begin(); it != inflight_.end();)
-          it = it->second.op.get() == &op ? inflight_.erase(it) : std::next(it);
+        for (auto it = inflight_.begin(); it != inflight_.end();) {
+          if (it->second.op.get() != &op) {
+            ++it;
+            continue;
+          }
+          callbacks.push_back([keep = std::move(it->second.op)] {});
+          it = inflight_.erase(it);
+        }
         std::erase_if(queue_, [&](const auto& q) { return q.get() == &op; });
         std::erase_if(p2p_, [&](const auto& q) { return q.get() == &op; });
         finish_locked(op, callbacks);
@@ -433,12 +474,13 @@ void ClientImpl::progress_thread() {
   std::vector<std::function<void()>> callbacks;
   std::unique_lock lk(mu_);
   for (;;) {
-    work_cv_.wait(lk, [&] { return stop_ || active_ > 0; });
+    work_cv_.wait(lk, [&] { return stop_ || (active_ > 0 && waiters_ == 0); });
     if (stop_) return;
     progress_locked(callbacks);
     const bool idle = active_ == 0;
     lk.unlock();
     run(callbacks);
+    if (t_client_destroyed_here) return;
     if (!idle) {
       const auto t = slot_.client_bell.ticket();
       if (slot_.completions.empty()) slot_.client_bell.wait(t, std::chrono::duration_cast<std::chrono::microseconds>(kSlice));
@@ -448,6 +490,7 @@ void ClientImpl::progress_thread() {
     if (!callbacks.empty()) {
       lk.unlock();
       run(callbacks);
+      if (t_client_destroyed_here) return;
       lk.lock();
     }
   }
@@ -525,8 +568,9 @@ namespace {
 
 class CommImpl final : public Communicator {
  public:
-  CommImpl(std::shared_ptr<ClientImpl> client, std::uint64_t id, std::vector<int> ranks, int my_rank)
-      : client_(std::move(client)), id_(id), ranks_(std::move(ranks)), rank_(my_rank) {}
+  CommImpl(std::shared_ptr<ClientImpl> client, std::uint64_t id, std::vector<int> ranks, int my_rank,
+           std::shared_ptr<SeqState> seq)
+      : client_(std::move(client)), id_(id), ranks_(std::move(ranks)), rank_(my_rank), seq_(std::move(seq)) {}
 
   std::uint64_t id() const override { return id_; }
   int rank() const override { return rank_; }
@@ -718,10 +762,10 @@ class CommImpl final : public Communicator {
   WorkPtr go(OpPlan p, const CallOptions& o) {
     const auto timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
     p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(timeout.count(), UINT32_MAX));
-    std::lock_guard lk(seq_mu_);  // one seq order per communicator, also across threads
-    if (p.base.op == OpType::Send) p.base.seq = ++send_seq_[p.base.root];
-    else if (p.base.op == OpType::Recv) p.base.seq = ++recv_seq_[p.base.root];
-    else p.base.seq = ++seq_;
+    std::lock_guard lk(seq_->mu);  // one seq order per communicator, also across threads
+    if (p.base.op == OpType::Send) p.base.seq = ++seq_->sends[p.base.root];
+    else if (p.base.op == OpType::Recv) p.base.seq = ++seq_->recvs[p.base.root];
+    else p.base.seq = ++seq_->collectives;
     return client_->submit(std::move(p), timeout);
   }
 
@@ -730,9 +774,7 @@ class CommImpl final : public Communicator {
   std::vector<int> ranks_;
   int rank_;
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
-  std::mutex seq_mu_;
-  std::uint64_t seq_ = 0;
-  std::map<int, std::uint64_t> send_seq_, recv_seq_;
+  std::shared_ptr<SeqState> seq_;
 };
 
 }  // namespace
@@ -742,7 +784,7 @@ CommunicatorPtr ClientImpl::world() {
   if (auto w = world_.lock()) return w;
   std::vector<int> all(static_cast<std::size_t>(world_size_));
   for (int i = 0; i < world_size_; ++i) all[static_cast<std::size_t>(i)] = i;
-  auto w = std::make_shared<CommImpl>(shared_from_this(), 0, std::move(all), rank_);
+  auto w = std::make_shared<CommImpl>(shared_from_this(), 0, std::move(all), rank_, world_seq_);
   world_ = w;
   return w;
 }
@@ -758,7 +800,7 @@ CommunicatorPtr ClientImpl::create_communicator(std::uint64_t comm_id, const std
       throw Error(Status::InvalidRequest, "communicator member " + std::to_string(g) + " is not a rank of the job");
   const auto t = timeout.count() > 0 ? timeout : kDefaultTimeout;
   auto comm = std::make_shared<CommImpl>(shared_from_this(), comm_id, global_ranks,
-                                         static_cast<int>(pos - global_ranks.begin()));
+                                         static_cast<int>(pos - global_ranks.begin()), std::make_shared<SeqState>());
   comm->create(comm_id, global_ranks, t)->wait(std::chrono::milliseconds{0});
   comm->set_default_timeout(t);
   return comm;

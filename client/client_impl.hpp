@@ -18,6 +18,14 @@ namespace smddp::client {
 
 class ClientImpl;
 
+// A communicator's operation numbering. The client keeps the world's, so a world()
+// handle dropped and fetched again goes on counting where the last one stopped.
+struct SeqState {
+  std::mutex mu;
+  std::uint64_t collectives = 0;
+  std::map<int, std::uint64_t> sends, recvs;  // per peer
+};
+
 // How one operation maps user buffers to staged chunks (see plan() in client.cpp).
 struct OpPlan {
   ipc::RequestDesc base;          // op, dtype, reduce_op, root, tag, count, flags, scale, comm, seq
@@ -49,6 +57,14 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
 
  private:
   friend class ClientImpl;
+
+// A communicator's operation numbering. The client keeps the world's, so a world()
+// handle dropped and fetched again goes on counting where the last one stopped.
+struct SeqState {
+  std::mutex mu;
+  std::uint64_t collectives = 0;
+  std::map<int, std::uint64_t> sends, recvs;  // per peer
+};
   std::uint64_t chunk_count(std::uint64_t k) const;
   std::uint64_t stage_bytes(std::uint64_t k) const;
 
@@ -134,7 +150,11 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::uint64_t last_heartbeat_ = 0;
   std::chrono::steady_clock::time_point heartbeat_seen_;
   std::weak_ptr<Communicator> world_;
+  std::shared_ptr<SeqState> world_seq_ = std::make_shared<SeqState>();
   bool stop_ = false;
+  // User threads inside wait_for(). While there are some, they drive progress and the
+  // progress thread stays off the doorbell, so the daemon's ring() needs no futex wake.
+  int waiters_ = 0;
   std::thread progress_;
 };
 

@@ -6,6 +6,14 @@
 
 namespace smddp::ipc {
 
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 template <class Ready, class OnSlice>
 bool spin_then_wait(Doorbell& bell, Ready&& ready, std::chrono::steady_clock::time_point deadline,
                     std::chrono::microseconds spin, std::chrono::microseconds slice,
@@ -13,9 +21,12 @@ bool spin_then_wait(Doorbell& bell, Ready&& ready, std::chrono::steady_clock::ti
   using clock = std::chrono::steady_clock;
   if (ready()) return true;
   const auto spin_end = clock::now() + spin;
-  for (unsigned i = 0;; ++i) {
+  for (unsigned i = 1;; ++i) {
     if (ready()) return true;
-    if ((i & 63) == 63) {
+    cpu_relax();
+    // A yield is a syscall (microseconds on a VM): only every few microseconds, enough for an
+    // oversubscribed machine to run the thread we wait for.
+    if ((i & 31) == 0) {
       if (clock::now() >= spin_end) break;
       ::sched_yield();
     }

@@ -1,6 +1,8 @@
 // Rank program for the failure tests (tests/integration/test_failures.py).
 //   --mode mismatch   every rank calls allreduce with count 8 + rank; expects one error naming
 //                     each call, then checks the communicator still works
+//   --mode idle       every rank attaches, then sleeps --seconds (default 10) between two barriers
+//                     (scripts/measure_idle.sh measures the daemon's CPU meanwhile)
 //   --mode stuck      rank --victim writes its pid to DIR/victim.pid and sleeps (to be killed);
 //                     the others wait in an allreduce and report how their wait ended
 // Each rank prints "RESULT <rank> <unix time of the error> <message>" when an operation
@@ -26,12 +28,13 @@ double unix_now() {
 
 int main(int argc, char** argv) {
   std::string mode, dir = "/tmp";
-  int victim = -1;
+  int victim = -1, seconds = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--mode") mode = argv[i + 1];
     else if (a == "--dir") dir = argv[i + 1];
     else if (a == "--victim") victim = std::stoi(argv[i + 1]);
+    else if (a == "--seconds") seconds = std::stoi(argv[i + 1]);
   }
   auto client = Client::attach(AttachOptions::from_env());
   auto world = client->world();
@@ -52,6 +55,11 @@ int main(int argc, char** argv) {
     world->allreduce(ok.data(), ok.data(), 4, DType::Float32, ReduceOp::Sum)->wait();
     std::printf("AFTER %d %g\n", me, ok[0]);
     std::fflush(stdout);
+    return 0;
+  }
+  if (mode == "idle") {
+    std::this_thread::sleep_for(std::chrono::seconds(seconds));
+    world->barrier()->wait();
     return 0;
   }
   if (mode == "stuck") {
