@@ -100,6 +100,11 @@ std::shared_ptr<Client> Client::attach(const AttachOptions& opts) {
       while (h.state.load(std::memory_order_acquire) == static_cast<std::uint32_t>(ipc::DaemonState::Starting) &&
              Clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const auto state = static_cast<ipc::DaemonState>(h.state.load(std::memory_order_acquire));
+      if (state == ipc::DaemonState::Failed || state == ipc::DaemonState::Stopping)
+        throw Error(Status::PeerFailed, "the smddp daemon of job " + opts.job_id + " is no longer serving (" +
+                                            std::string(h.job_error, ::strnlen(h.job_error, sizeof h.job_error)) + ")");
+      if (state != ipc::DaemonState::Ready) throw std::runtime_error("the daemon is still starting");
       auto client = std::make_shared<ClientImpl>(opts, std::move(seg));
       client->start();
       return client;
