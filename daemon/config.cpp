@@ -65,7 +65,7 @@ DaemonConfig DaemonConfig::load(const std::string& path, const std::vector<std::
     return v;
   };
   if (r.arena_mib < 1 || r.arena_mib > (1u << 16)) throw std::invalid_argument("daemon.arena_mib must be 1..65536");
-  if (r.chunk_kib < 4) throw std::invalid_argument("daemon.chunk_kib must be at least 4");
+  if (r.chunk_kib < 4 || r.chunk_kib > (1u << 20)) throw std::invalid_argument("daemon.chunk_kib must be 4..1048576");
   if (r.worker_threads < 0 || r.worker_threads > 64) throw std::invalid_argument("daemon.worker_threads must be 0..64");
   c.config_path = path;
   c.arena_bytes = r.arena_mib << 20;

@@ -65,16 +65,30 @@ std::chrono::milliseconds Matcher::timeout_of(const RequestDesc& d) const {
   return d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : default_timeout_;
 }
 
-std::optional<std::string> Matcher::failed_seq(std::uint64_t comm, std::uint64_t seq) const {
+std::optional<Matcher::Failure> Matcher::failed_seq(std::uint64_t comm, std::uint64_t seq) const {
   auto it = failed_.find({comm, seq});
   if (it == failed_.end()) return std::nullopt;
   return it->second;
 }
 
-void Matcher::remember_failure(std::uint64_t comm, std::uint64_t seq, const std::string& error) {
-  failed_[{comm, seq}] = error;
+Match Matcher::fail_entry(const Entry& e, Status status, const std::string& error) {
+  Match m{e.comm, {}, status, error};
+  for (const auto& q : e.by_rank)
+    if (q) m.posted.push_back(*q);
+  return m;
+}
+
+void Matcher::fail_seq(std::uint64_t comm, std::uint64_t seq, Status status, const std::string& error,
+                       std::vector<Match>& out) {
+  failed_[{comm, seq}] = Failure{status, error};
   // Chunks of a failed collective arrive shortly after; old entries are of no use.
   while (failed_.size() > 4096) failed_.erase(failed_.begin());
+  // Its other chunks already waiting here fail now, not at the timeout.
+  auto it = collectives_.lower_bound(CollKey{comm, seq, 0});
+  while (it != collectives_.end() && std::get<0>(it->first) == comm && std::get<1>(it->first) == seq) {
+    out.push_back(fail_entry(it->second, status, error));
+    it = collectives_.erase(it);
+  }
 }
 
 std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d, Clock::time_point now) {
@@ -118,8 +132,8 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
     return out;
   }
 
-  if (auto err = failed_seq(d.comm_id, d.seq)) {
-    out.push_back({comm, {p}, Status::Mismatch, *err});
+  if (auto f = failed_seq(d.comm_id, d.seq)) {
+    out.push_back({comm, {p}, f->status, f->error});
     return out;
   }
   CollKey key{d.comm_id, d.seq, d.chunk_offset};
@@ -142,8 +156,12 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
   e.timeout = std::min(e.timeout, timeout_of(d));
   // Judged once every member posted, so a mismatch error names every rank's call.
   if (e.count == comm->local_member_count()) {
-    out.push_back(check_signatures(e, key));
+    Match m = check_signatures(e, key);
     collectives_.erase(it);
+    const bool failed = m.status != Status::Ok;
+    const std::string error = m.error;
+    out.push_back(std::move(m));
+    if (failed) fail_seq(d.comm_id, d.seq, Status::Mismatch, error, out);
   }
   return out;
 }
@@ -167,12 +185,8 @@ Match Matcher::check_signatures(Entry& e, const CollKey& key) {
         << describe_call(q->desc);
       sep = ", ";
     }
-    for (int g = 0; g < e.comm->size(); ++g)
-      if (!e.by_rank[static_cast<std::size_t>(g)] && e.comm->slots[static_cast<std::size_t>(g)] >= 0)
-        s << sep << "rank " << e.comm->global_ranks[static_cast<std::size_t>(g)] << " has not called it yet";
     m.status = Status::Mismatch;
     m.error = s.str();
-    remember_failure(std::get<0>(key), std::get<1>(key), m.error);
   }
   for (auto& q : e.by_rank)
     if (q) m.posted.push_back(*q);
@@ -245,6 +259,11 @@ std::vector<Match> Matcher::post_create(int slot, const RequestDesc& d, std::vec
 std::vector<Match> Matcher::expire(Clock::time_point now, std::chrono::seconds stall_after,
                                    std::vector<StallInfo>& new_stalls) {
   std::vector<Match> out;
+  struct Failed {
+    std::uint64_t comm, seq;
+    std::string error;
+  };
+  std::vector<Failed> timed_out;
   for (auto it = collectives_.begin(); it != collectives_.end();) {
     auto& e = it->second;
     const auto age = now - e.first;
@@ -263,11 +282,8 @@ std::vector<Match> Matcher::expire(Clock::time_point now, std::chrono::seconds s
         << " s: rank(s)";
       for (int g : missing) s << " " << g;
       s << " never posted it";
-      Match m{e.comm, {}, Status::Timeout, s.str()};
-      for (auto& q : e.by_rank)
-        if (q) m.posted.push_back(*q);
-      remember_failure(std::get<0>(it->first), std::get<1>(it->first), m.error);
-      out.push_back(std::move(m));
+      timed_out.push_back({std::get<0>(it->first), std::get<1>(it->first), s.str()});
+      out.push_back(fail_entry(e, Status::Timeout, s.str()));
       it = collectives_.erase(it);
       continue;
     }
@@ -278,6 +294,7 @@ std::vector<Match> Matcher::expire(Clock::time_point now, std::chrono::seconds s
     }
     ++it;
   }
+  for (const auto& f : timed_out) fail_seq(f.comm, f.seq, Status::Timeout, f.error, out);
   for (auto it = p2p_.begin(); it != p2p_.end();) {
     auto& e = it->second;
     const auto age = now - e.first;
@@ -334,12 +351,23 @@ std::vector<Match> Matcher::fail_waiting_for(int slot, Status status, const std:
     auto& e = it->second;
     auto g = e.comm->group_rank_of_slot(slot);
     if (g && !e.by_rank[static_cast<std::size_t>(*g)]) {
-      Match m{e.comm, {}, status, error};
-      for (auto& q : e.by_rank)
-        if (q) m.posted.push_back(*q);
-      remember_failure(std::get<0>(it->first), std::get<1>(it->first), error);
-      out.push_back(std::move(m));
+      failed_[{std::get<0>(it->first), std::get<1>(it->first)}] = Failure{status, error};
+      out.push_back(fail_entry(e, status, error));
       it = collectives_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = creates_.begin(); it != creates_.end();) {
+    const auto& e = it->second;
+    bool waits = false;
+    for (int g : e.members) {
+      if (slot_of_global_[static_cast<std::size_t>(g)] != slot) continue;
+      waits = std::none_of(e.posted.begin(), e.posted.end(), [&](const Posted& p) { return p.slot == slot; });
+    }
+    if (waits) {
+      out.push_back({nullptr, e.posted, status, error});
+      it = creates_.erase(it);
     } else {
       ++it;
     }

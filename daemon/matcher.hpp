@@ -102,9 +102,16 @@ class Matcher {
   };
 
   std::chrono::milliseconds timeout_of(const ipc::RequestDesc& d) const;
-  std::optional<std::string> failed_seq(std::uint64_t comm, std::uint64_t seq) const;
-  void remember_failure(std::uint64_t comm, std::uint64_t seq, const std::string& error);
+  struct Failure {
+    ipc::Status status;
+    std::string error;
+  };
+  std::optional<Failure> failed_seq(std::uint64_t comm, std::uint64_t seq) const;
+  // Records that (comm, seq) failed and fails its chunks already waiting here.
+  void fail_seq(std::uint64_t comm, std::uint64_t seq, ipc::Status status, const std::string& error,
+                std::vector<Match>& out);
   Match check_signatures(Entry& e, const CollKey& key);
+  static Match fail_entry(const Entry& e, ipc::Status status, const std::string& error);
 
   std::vector<int> slot_of_global_;
   std::chrono::milliseconds default_timeout_;
@@ -112,7 +119,7 @@ class Matcher {
   std::map<CollKey, Entry> collectives_;
   std::map<P2pKey, P2pEntry> p2p_;
   std::map<std::uint64_t, CreateEntry> creates_;
-  std::map<std::pair<std::uint64_t, std::uint64_t>, std::string> failed_;  // (comm, seq) -> error
+  std::map<std::pair<std::uint64_t, std::uint64_t>, Failure> failed_;  // (comm, seq) -> why
 };
 
 // "allreduce(float32, count=8, op=sum)": how a rank's call is named in error messages.

@@ -1,0 +1,189 @@
+// DaemonConfig::load: built-in defaults, the shipped ini files, --set overrides (which win over
+// the file), and std::invalid_argument naming the offending key for bad input.
+#include "daemon/config.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+namespace smddp::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string kDefaultIni = std::string(SMDDP_SOURCE_DIR) + "/configs/default.ini";
+const std::string kLocalIni = std::string(SMDDP_SOURCE_DIR) + "/configs/local.ini";
+
+// An ini file in the temp directory, removed when the test ends.
+class TempIni {
+ public:
+  explicit TempIni(const std::string& text)
+      : path_(std::filesystem::temp_directory_path() /
+              ("smddp-config-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++) + ".ini")) {
+    std::ofstream(path_) << text;
+  }
+  ~TempIni() {
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path path_;
+};
+
+// Expects load() to throw std::invalid_argument whose text contains every one of `parts`.
+void expect_invalid(const std::string& path, const std::vector<std::string>& overrides,
+                    const std::vector<std::string>& parts) {
+  try {
+    DaemonConfig::load(path, overrides);
+    ADD_FAILURE() << "no exception for " << (overrides.empty() ? path : overrides.front());
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << "'" << p << "' not in: " << what;
+  }
+}
+
+void expect_builtin_defaults(const DaemonConfig& c) {
+  const DaemonConfig d;
+  EXPECT_EQ(c.arena_bytes, d.arena_bytes);
+  EXPECT_EQ(c.chunk_bytes, d.chunk_bytes);
+  EXPECT_EQ(c.worker_threads, d.worker_threads);
+  EXPECT_EQ(c.spin, d.spin);
+  EXPECT_EQ(c.stall_warning, d.stall_warning);
+  EXPECT_EQ(c.collective_timeout, d.collective_timeout);
+  EXPECT_EQ(c.exit_grace, d.exit_grace);
+  EXPECT_EQ(c.log_level, d.log_level);
+  EXPECT_EQ(c.fabric_provider, d.fabric_provider);
+  EXPECT_EQ(c.fabric_interface, d.fabric_interface);
+}
+
+TEST(DaemonConfig, BuiltInDefaults) {
+  const DaemonConfig c = DaemonConfig::load("", {});
+  EXPECT_EQ(c.config_path, "");
+  EXPECT_EQ(c.arena_bytes, 32ull << 20);
+  EXPECT_EQ(c.chunk_bytes, 1ull << 20);
+  EXPECT_EQ(c.worker_threads, 0);
+  EXPECT_EQ(c.spin, 50us);
+  EXPECT_EQ(c.stall_warning, 60s);
+  EXPECT_EQ(c.collective_timeout, 1800s);
+  EXPECT_EQ(c.exit_grace, 10s);
+  EXPECT_EQ(c.log_level, "info");
+  EXPECT_EQ(c.fabric_provider, "tcp;ofi_rxm");
+  EXPECT_EQ(c.fabric_interface, "lo");
+}
+
+TEST(DaemonConfig, DefaultIniMatchesTheBuiltInDefaults) {
+  const DaemonConfig c = DaemonConfig::load(kDefaultIni, {});
+  EXPECT_EQ(c.config_path, kDefaultIni);
+  expect_builtin_defaults(c);
+}
+
+TEST(DaemonConfig, LocalIniParses) {
+  const DaemonConfig c = DaemonConfig::load(kLocalIni, {});
+  EXPECT_EQ(c.config_path, kLocalIni);
+  EXPECT_EQ(c.stall_warning, 10s);
+  EXPECT_EQ(c.collective_timeout, 300s);
+  EXPECT_EQ(c.exit_grace, 5s);
+  EXPECT_EQ(c.arena_bytes, 32ull << 20);
+  EXPECT_EQ(c.fabric_interface, "lo");
+}
+
+TEST(DaemonConfig, FileValuesReplaceDefaults) {
+  TempIni ini("[daemon]\narena_mib = 64\nchunk_kib = 256\nworker_threads = 3\nlog_level = debug\n"
+              "[fabric]\nprovider = shm\n");
+  const DaemonConfig c = DaemonConfig::load(ini.path(), {});
+  EXPECT_EQ(c.arena_bytes, 64ull << 20);
+  EXPECT_EQ(c.chunk_bytes, 256ull << 10);
+  EXPECT_EQ(c.worker_threads, 3);
+  EXPECT_EQ(c.log_level, "debug");
+  EXPECT_EQ(c.fabric_provider, "shm");
+  EXPECT_EQ(c.fabric_interface, "lo");  // not in the file: default
+  EXPECT_EQ(c.stall_warning, 60s);
+}
+
+TEST(DaemonConfig, OverridesWinOverTheFile) {
+  const DaemonConfig c = DaemonConfig::load(
+      kLocalIni, {"daemon.stall_warning_s=3", "daemon.arena_mib=8", "fabric.provider=efa", "fabric.interface=eth0"});
+  EXPECT_EQ(c.stall_warning, 3s);
+  EXPECT_EQ(c.arena_bytes, 8ull << 20);
+  EXPECT_EQ(c.fabric_provider, "efa");
+  EXPECT_EQ(c.fabric_interface, "eth0");
+  EXPECT_EQ(c.collective_timeout, 300s);  // from the file
+  EXPECT_EQ(c.exit_grace, 5s);            // from the file
+}
+
+TEST(DaemonConfig, OverridesWithoutAFile) {
+  const DaemonConfig c = DaemonConfig::load("", {"daemon.worker_threads=8", "daemon.spin_us=0", "daemon.log_level=warn"});
+  EXPECT_EQ(c.worker_threads, 8);
+  EXPECT_EQ(c.spin, 0us);
+  EXPECT_EQ(c.log_level, "warn");
+  EXPECT_EQ(c.arena_bytes, 32ull << 20);
+}
+
+TEST(DaemonConfig, ValueMayContainEquals) {
+  const DaemonConfig c = DaemonConfig::load("", {"fabric.provider=a=b"});
+  EXPECT_EQ(c.fabric_provider, "a=b");
+}
+
+TEST(DaemonConfig, BadOverridesNameTheKey) {
+  expect_invalid("", {"daemon.no_such_key=1"}, {"daemon.no_such_key"});
+  expect_invalid("", {"nosection=1"}, {"nosection"});
+  expect_invalid("", {"daemon.arena_mib=lots"}, {"daemon.arena_mib", "lots"});
+  expect_invalid("", {"daemon.worker_threads=2.5"}, {"daemon.worker_threads"});
+  expect_invalid("", {"daemon.arena_mib"}, {"daemon.arena_mib", "SECTION.KEY=VALUE"});
+  expect_invalid("", {"=5"}, {"SECTION.KEY=VALUE"});
+}
+
+TEST(DaemonConfig, OutOfRangeValuesNameTheKey) {
+  expect_invalid("", {"daemon.arena_mib=0"}, {"daemon.arena_mib"});
+  expect_invalid("", {"daemon.arena_mib=65537"}, {"daemon.arena_mib"});
+  expect_invalid("", {"daemon.arena_mib=-1"}, {"daemon.arena_mib"});
+  expect_invalid("", {"daemon.chunk_kib=2"}, {"daemon.chunk_kib"});
+  expect_invalid("", {"daemon.worker_threads=-1"}, {"daemon.worker_threads"});
+  expect_invalid("", {"daemon.worker_threads=65"}, {"daemon.worker_threads"});
+  expect_invalid("", {"daemon.spin_us=-1"}, {"daemon.spin_us"});
+  expect_invalid("", {"daemon.stall_warning_s=-5"}, {"daemon.stall_warning_s"});
+  expect_invalid("", {"daemon.collective_timeout_s=-1"}, {"daemon.collective_timeout_s"});
+  expect_invalid("", {"daemon.exit_grace_s=-1"}, {"daemon.exit_grace_s"});
+}
+
+// BUG (reported to the lead): program_options parses "-1" into the unsigned chunk_kib as
+// 2^64-1, which passes the ">= 4" check and overflows chunk_bytes. Enable once chunk_kib has an
+// upper bound (arena_mib is caught only by its own upper bound).
+TEST(DaemonConfig, NegativeChunkKibIsRejected) {
+  expect_invalid("", {"daemon.chunk_kib=-1"}, {"daemon.chunk_kib"});
+}
+
+TEST(DaemonConfig, BadFilesNameTheKeyAndTheFile) {
+  {
+    TempIni ini("[daemon]\nbogus = 1\n");
+    expect_invalid(ini.path(), {}, {"daemon.bogus", ini.path()});
+  }
+  {
+    TempIni ini("[daemon]\nexit_grace_s = soon\n");
+    expect_invalid(ini.path(), {}, {"daemon.exit_grace_s", ini.path()});
+  }
+  {
+    TempIni ini("[daemon]\narena_mib = 0\n");
+    expect_invalid(ini.path(), {}, {"daemon.arena_mib"});
+  }
+  {
+    // A bad file is an error even when an override sets the same key.
+    TempIni ini("[daemon]\nbogus = 1\n");
+    expect_invalid(ini.path(), {"daemon.arena_mib=8"}, {"daemon.bogus"});
+  }
+}
+
+TEST(DaemonConfig, MissingFileIsNamed) {
+  const std::string missing = "/nonexistent/smddp-" + std::to_string(::getpid()) + ".ini";
+  expect_invalid(missing, {}, {missing});
+}
+
+}  // namespace
+}  // namespace smddp::daemon
