@@ -1,0 +1,185 @@
+// fabric_pingpong: latency and bandwidth of the Transport between two processes on this
+// machine. The process forks; the child echoes, the parent measures and prints a table.
+//   fabric_pingpong [--provider tcp;ofi_rxm|shm|...] [--interface lo] [--max-bytes N]
+//                   [--max-message N] [--iters N] [--window N]
+// Latency: half a round trip of one message each way. Bandwidth: `window` messages in flight
+// one way, then a 0-byte acknowledgement; GB/s = 1e9 bytes per second.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "daemon/transport/transport.hpp"
+
+namespace {
+
+using smddp::daemon::transport::MemoryRegion;
+using smddp::daemon::transport::Status;
+using smddp::daemon::transport::Transport;
+using smddp::daemon::transport::TransportConfig;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  TransportConfig config;
+  std::size_t max_bytes = std::size_t{64} << 20;
+  int iters = 1000;
+  int window = 16;
+};
+
+// Progresses until `count` completions have arrived; throws on the first failed one.
+class Waiter {
+ public:
+  explicit Waiter(Transport& t) : t_(t) {}
+  smddp::daemon::transport::Completion callback() {
+    ++expected_;
+    return [this](Status s) {
+      ++arrived_;
+      if (!s.ok && error_.empty()) error_ = s.error;
+    };
+  }
+  void wait() {
+    while (arrived_ < expected_) t_.progress();
+    if (!error_.empty()) throw std::runtime_error(error_);
+  }
+
+ private:
+  Transport& t_;
+  std::size_t expected_ = 0, arrived_ = 0;
+  std::string error_;
+};
+
+std::vector<std::size_t> sizes(std::size_t max_bytes) {
+  std::vector<std::size_t> out{0};
+  for (std::size_t b = 8; b <= max_bytes; b *= 8) out.push_back(b);
+  if (out.back() != max_bytes) out.push_back(max_bytes);
+  return out;
+}
+// Fewer repetitions for large messages: about 256 MiB of traffic per size, at least 5.
+int reps_for(std::size_t bytes, int iters) {
+  if (bytes == 0) return iters;
+  return static_cast<int>(std::max<std::size_t>(5, std::min<std::size_t>(iters, (std::size_t{256} << 20) / bytes)));
+}
+
+void run(bool client, const Options& o, int fd_out, int fd_in) {
+  auto t = smddp::daemon::transport::make_fabric_transport(o.config);
+  auto address = t->local_address();
+  std::uint32_t n = static_cast<std::uint32_t>(address.size());
+  if (write(fd_out, &n, sizeof n) != sizeof n || write(fd_out, address.data(), n) != static_cast<ssize_t>(n))
+    throw std::runtime_error("address write failed");
+  if (read(fd_in, &n, sizeof n) != sizeof n || n > 4096) throw std::runtime_error("address read failed");
+  std::vector<std::uint8_t> other(n);
+  if (read(fd_in, other.data(), n) != static_cast<ssize_t>(n)) throw std::runtime_error("address read failed");
+  const int peer = t->add_peer(other);
+  if (client) std::printf("# %s\n", t->describe().c_str());
+
+  // One slice per window message, up to 256 MiB; beyond that slices are reused (the bytes
+  // are not checked, only timed).
+  const std::size_t window_bytes = o.max_bytes * static_cast<std::size_t>(o.window);
+  std::vector<std::uint8_t> buf(std::max(o.max_bytes, std::min(window_bytes, std::size_t{256} << 20)) + 1, 1);
+  MemoryRegion region = t->register_memory(buf.data(), buf.size());
+  if (client) std::printf("%12s %12s %10s\n", "bytes", "latency_us", "GB/s");
+  for (std::size_t bytes : sizes(o.max_bytes)) {
+    const int reps = reps_for(bytes, o.iters);
+    const int warmup = std::max(1, reps / 10);
+    // Ping-pong.
+    Clock::time_point start;
+    for (int i = 0; i < warmup + reps; ++i) {
+      if (i == warmup) start = Clock::now();
+      Waiter w(*t);
+      if (client) {
+        t->recv(peer, 2, buf.data(), bytes, &region, w.callback());
+        t->send(peer, 1, buf.data(), bytes, &region, w.callback());
+      } else {
+        t->recv(peer, 1, buf.data(), bytes, &region, w.callback());
+        w.wait();
+        t->send(peer, 2, buf.data(), bytes, &region, w.callback());
+      }
+      w.wait();
+    }
+    const double latency_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / reps / 2;
+    // Streaming: a window of messages one way, each to its own slice, then an acknowledgement.
+    const int bw_reps = std::max(2, reps / o.window);
+    for (int i = 0; i < 1 + bw_reps; ++i) {
+      if (i == 1) start = Clock::now();
+      Waiter w(*t);
+      for (int k = 0; k < o.window; ++k) {
+        const std::size_t slices = bytes == 0 ? 1 : (buf.size() - 1) / bytes;
+        std::uint8_t* slice = buf.data() + (static_cast<std::size_t>(k) % slices) * bytes;
+        if (client) t->send(peer, 100 + k, slice, bytes, &region, w.callback());
+        else t->recv(peer, 100 + k, slice, bytes, &region, w.callback());
+      }
+      w.wait();
+      if (client) t->recv(peer, 3, nullptr, 0, nullptr, w.callback());
+      else t->send(peer, 3, nullptr, 0, nullptr, w.callback());
+      w.wait();
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const double gbps = static_cast<double>(bytes) * o.window * bw_reps / seconds / 1e9;
+    if (client) std::printf("%12zu %12.2f %10.3f\n", bytes, latency_us, gbps);
+    std::fflush(stdout);
+  }
+  // Both sides finish before either endpoint closes.
+  char byte = 1;
+  if (write(fd_out, &byte, 1) != 1 || read(fd_in, &byte, 1) != 1) throw std::runtime_error("final handshake failed");
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--provider") o.config.provider = value();
+    else if (a == "--interface") o.config.interface = value();
+    else if (a == "--max-bytes") o.max_bytes = std::stoull(value());
+    else if (a == "--max-message") o.config.max_message = std::stoull(value());
+    else if (a == "--iters") o.iters = std::stoi(value());
+    else if (a == "--window") o.window = std::stoi(value());
+    else if (a == "--inflight") o.config.max_inflight = std::stoull(value());
+    else throw std::invalid_argument("unknown option " + a);
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fabric_pingpong: %s\n", e.what());
+    return 2;
+  }
+  int to_child[2], to_parent[2];
+  if (pipe(to_child) != 0 || pipe(to_parent) != 0) return 1;
+  pid_t child = fork();
+  if (child < 0) return 1;
+  try {
+    if (child == 0) {
+      run(false, o, to_parent[1], to_child[0]);
+      _exit(0);
+    }
+    run(true, o, to_child[1], to_parent[0]);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fabric_pingpong (%s): %s\n", child == 0 ? "echo" : "client", e.what());
+    if (child == 0) _exit(1);
+    kill(child, SIGTERM);
+    waitpid(child, nullptr, 0);
+    return 1;
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}

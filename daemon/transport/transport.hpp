@@ -1,0 +1,136 @@
+// The daemon's inter-node transport: tagged, non-blocking point-to-point messages between
+// daemons. The hierarchical algorithms (reduce-scatter / all-gather among node leaders) are
+// written against this interface only; FabricTransport (fabric_transport.hpp) implements it
+// over libfabric reliable-datagram endpoints.
+//
+// Threading: a Transport is single-threaded. Every call, including progress(), comes from the
+// daemon's progress loop thread; there are no internal threads. Completion callbacks run
+// inside progress() (never inside send()/recv()) and may post further operations.
+//
+// Failures: a failed message's callback gets a Status naming the operation, the peer, its
+// address, the tag and the provider's reason. After a failure by timeout or fail_peer() the
+// provider may still hold a posted chunk of the buffer (sends cannot be cancelled portably):
+// keep such buffers alive until the transport is destroyed.
+//
+// Matching: a receive matches a send from the given peer with the same tag and the same size.
+// Messages with the same (peer, tag) match in the order they were posted. Both sides must
+// agree on the size: a size mismatch completes the receive with an error.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace smddp::daemon::transport {
+
+struct TransportConfig {
+  // libfabric provider name as fi_info prints it ("tcp;ofi_rxm", "shm", "efa").
+  std::string provider = "tcp;ofi_rxm";
+  // For providers that bind to a network interface (tcp, sockets, udp, verbs): the domain
+  // (interface) to use. Ignored by providers without interfaces (shm, efa picks its device).
+  std::string interface = "lo";
+  // Sends (message chunks) posted to the provider at once; more are queued in order.
+  std::size_t max_inflight = 64;
+  // Receives (message chunks) posted at once; 0: the provider's receive queue size. Kept
+  // large on purpose: bounding receives as tightly as sends can deadlock two peers whose
+  // in-flight sends wait for receives that are still queued.
+  std::size_t max_posted_receives = 0;
+  // Largest single provider message; larger messages are split. 0: the provider's maximum.
+  std::size_t max_message = 0;
+  // A message not complete this long after it was posted fails, naming its peer. 0: never
+  // (the daemon's collective timeout decides). Needed because some providers never report an
+  // absent peer: ofi_rxm retries connecting for ever.
+  std::chrono::milliseconds op_timeout{0};
+};
+
+struct Status {
+  bool ok = true;
+  std::string error;  // names the operation, the peer, the tag and the provider's reason
+
+  static Status success() { return {}; }
+  static Status failure(std::string what) { return {false, std::move(what)}; }
+};
+
+// A registered range of host memory. Move-only; unregisters when destroyed. It must outlive
+// every operation that uses it.
+class MemoryRegion {
+ public:
+  // What a concrete transport keeps per registration (the fid_mr for FabricTransport).
+  class Handle {
+   public:
+    virtual ~Handle() = default;
+    virtual void* descriptor() const = 0;     // fi_mr_desc, or nullptr when not needed
+    virtual std::uint64_t key() const = 0;    // remote key for future RMA, 0 when none
+  };
+
+  MemoryRegion() = default;
+  MemoryRegion(void* base, std::size_t bytes, std::unique_ptr<Handle> handle)
+      : base_(static_cast<std::uint8_t*>(base)), bytes_(bytes), handle_(std::move(handle)) {}
+
+  void* base() const { return base_; }
+  std::size_t bytes() const { return bytes_; }
+  void* descriptor() const { return handle_ ? handle_->descriptor() : nullptr; }
+  std::uint64_t key() const { return handle_ ? handle_->key() : 0; }
+  bool contains(const void* p, std::size_t n) const {
+    auto* b = static_cast<const std::uint8_t*>(p);
+    return b >= base_ && n <= bytes_ && static_cast<std::size_t>(b - base_) <= bytes_ - n;
+  }
+
+ private:
+  std::uint8_t* base_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::unique_ptr<Handle> handle_;
+};
+
+using Completion = std::function<void(Status)>;
+
+class Transport {
+ public:
+  // User tags carry this many bits; the bits above are the transport's (chunk index).
+  static constexpr int kTagBits = 48;
+  static constexpr std::uint64_t kMaxTag = (std::uint64_t{1} << kTagBits) - 1;
+
+  // Destroying a transport with messages pending cancels them without running their
+  // callbacks; once the destructor returns the provider no longer touches their buffers.
+  virtual ~Transport() = default;
+
+  // This endpoint's name, to exchange through the bootstrap (MPI allgather or a Store).
+  virtual std::vector<std::uint8_t> local_address() const = 0;
+  // Inserts a peer's name; returns its peer index (0, 1, 2... in insertion order).
+  virtual int add_peer(const std::vector<std::uint8_t>& address) = 0;
+  // Registers [base, base+bytes) with the provider. Passing the region to send/recv avoids a
+  // per-operation registration on providers that need registered buffers (FI_MR_LOCAL).
+  virtual MemoryRegion register_memory(void* base, std::size_t bytes) = 0;
+
+  // Non-blocking tagged send/receive. `done` runs from progress() once the whole message has
+  // completed (send: the buffer may be reused; recv: the data is in place) or failed. `region`
+  // may be null; if given it must contain the buffer. Throws std::invalid_argument for a bad
+  // peer index, a tag above kMaxTag or a buffer outside `region`.
+  virtual void send(int peer, std::uint64_t tag, const void* buf, std::size_t bytes,
+                    const MemoryRegion* region, Completion done) = 0;
+  virtual void recv(int peer, std::uint64_t tag, void* buf, std::size_t bytes,
+                    const MemoryRegion* region, Completion done) = 0;
+
+  // Fails every pending message to or from `peer` at once with `reason` (the daemon's failure
+  // detector calls this when a node is gone). Their callbacks run before this returns.
+  virtual void fail_peer(int peer, const std::string& reason) = 0;
+
+  // Drives the provider: drains the completion queue, runs callbacks, posts queued
+  // operations. Returns the number of completion entries handled (0: nothing happened).
+  virtual std::size_t progress() = 0;
+  // Messages whose callback has not run yet.
+  virtual std::size_t pending() const = 0;
+  // One paragraph for logs: provider, fabric, domain, capabilities, limits.
+  virtual std::string describe() const = 0;
+};
+
+// Opens an RDM endpoint of the configured provider. Throws std::runtime_error naming what the
+// provider lacks when it cannot serve (no such provider, no tagged messages, no directed
+// receive, no domain on the configured interface).
+std::unique_ptr<Transport> make_fabric_transport(const TransportConfig& config);
+
+}  // namespace smddp::daemon::transport
