@@ -1,83 +1,108 @@
 #include "daemon/config.hpp"
 
-#include <boost/program_options.hpp>
-#include <fstream>
+#include <boost/property_tree/ini_parser.hpp>
+#include <boost/property_tree/ptree.hpp>
+#include <charconv>
+#include <functional>
+#include <map>
 #include <stdexcept>
-
-namespace po = boost::program_options;
 
 namespace smddp::daemon {
 namespace {
 
-struct Raw {
-  std::uint64_t arena_mib, chunk_kib;
-  int worker_threads;
-  std::int64_t spin_us, stall_warning_s, collective_timeout_s, exit_grace_s;
-  std::string log_level, provider, interface;
-};
+// Parses a whole decimal integer within [lo, hi], or throws naming the key.
+std::int64_t parse_int(const std::string& key, const std::string& value, std::int64_t lo, std::int64_t hi) {
+  std::int64_t v = 0;
+  const char* end = value.data() + value.size();
+  auto [p, ec] = std::from_chars(value.data(), end, v);
+  if (ec != std::errc() || p != end)
+    throw std::invalid_argument(key + " = '" + value + "' is not a whole number");
+  if (v < lo || v > hi)
+    throw std::invalid_argument(key + " = " + value + " is out of range (" + std::to_string(lo) + ".." +
+                                std::to_string(hi) + ")");
+  return v;
+}
 
-po::options_description describe(Raw& r, const DaemonConfig& d) {
-  po::options_description o("smddp-daemon configuration");
-  o.add_options()
-      ("daemon.arena_mib", po::value(&r.arena_mib)->default_value(d.arena_bytes >> 20), "staging arena per rank (MiB)")
-      ("daemon.chunk_kib", po::value(&r.chunk_kib)->default_value(d.chunk_bytes >> 10), "pipeline chunk (KiB)")
-      ("daemon.worker_threads", po::value(&r.worker_threads)->default_value(d.worker_threads), "reduction threads")
-      ("daemon.spin_us", po::value(&r.spin_us)->default_value(d.spin.count()), "spin before sleeping (us)")
-      ("daemon.stall_warning_s", po::value(&r.stall_warning_s)->default_value(d.stall_warning.count()), "stall warning (s)")
-      ("daemon.collective_timeout_s", po::value(&r.collective_timeout_s)->default_value(d.collective_timeout.count()),
-       "default collective timeout (s)")
-      ("daemon.exit_grace_s", po::value(&r.exit_grace_s)->default_value(d.exit_grace.count()), "exit grace (s)")
-      ("daemon.log_level", po::value(&r.log_level)->default_value(d.log_level), "log level")
-      ("fabric.provider", po::value(&r.provider)->default_value(d.fabric_provider), "libfabric provider")
-      ("fabric.interface", po::value(&r.interface)->default_value(d.fabric_interface), "network interface");
-  return o;
+using Setter = std::function<void(DaemonConfig&, const std::string& key, const std::string& value)>;
+
+// Every key the configuration knows, with how it is parsed and checked.
+const std::map<std::string, Setter>& keys() {
+  using namespace std::chrono;
+  static const std::map<std::string, Setter> k = {
+      {"daemon.arena_mib",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.arena_bytes = static_cast<std::uint64_t>(parse_int(key, v, 1, 1 << 16)) << 20;
+       }},
+      {"daemon.chunk_kib",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.chunk_bytes = static_cast<std::uint64_t>(parse_int(key, v, 4, 1 << 20)) << 10;
+       }},
+      {"daemon.worker_threads",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.worker_threads = static_cast<int>(parse_int(key, v, 0, 64));
+       }},
+      {"daemon.spin_us",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.spin = microseconds(parse_int(key, v, 0, 1'000'000));
+       }},
+      {"daemon.stall_warning_s",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.stall_warning = seconds(parse_int(key, v, 0, 86400 * 7));
+       }},
+      {"daemon.collective_timeout_s",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.collective_timeout = seconds(parse_int(key, v, 0, 86400 * 7));
+       }},
+      {"daemon.exit_grace_s",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.exit_grace = seconds(parse_int(key, v, 0, 3600));
+       }},
+      {"daemon.log_level", [](DaemonConfig& c, const std::string&, const std::string& v) { c.log_level = v; }},
+      {"fabric.provider", [](DaemonConfig& c, const std::string&, const std::string& v) { c.fabric_provider = v; }},
+      {"fabric.interface", [](DaemonConfig& c, const std::string&, const std::string& v) { c.fabric_interface = v; }},
+  };
+  return k;
+}
+
+void apply(DaemonConfig& c, const std::string& key, const std::string& value) {
+  auto it = keys().find(key);
+  if (it == keys().end()) throw std::invalid_argument("unknown configuration key '" + key + "'");
+  it->second(c, key, value);
 }
 
 }  // namespace
 
 DaemonConfig DaemonConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
   DaemonConfig c;
-  Raw r{};
-  auto desc = describe(r, c);
-  po::variables_map vm;
-  try {
-    // Command-line overrides are stored first: program_options keeps the first value it sees.
-    std::vector<std::string> args;
-    for (const auto& o : overrides) {
-      auto eq = o.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw std::invalid_argument("override '" + o + "' is not SECTION.KEY=VALUE");
-      args.push_back("--" + o.substr(0, eq));
-      args.push_back(o.substr(eq + 1));
+  if (!path.empty()) {
+    // Boost.PropertyTree's ini parser: header-only, so it builds where Boost's compiled
+    // libraries are absent (the GPU machine has Boost headers only).
+    boost::property_tree::ptree tree;
+    try {
+      boost::property_tree::ini_parser::read_ini(path, tree);
+    } catch (const boost::property_tree::ini_parser_error& e) {
+      throw std::invalid_argument("cannot read config file " + path + ": " + e.message());
     }
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    if (!path.empty()) {
-      std::ifstream in(path);
-      if (!in) throw std::invalid_argument("cannot read config file " + path);
-      po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
+    for (const auto& [section, entries] : tree) {
+      if (entries.empty())
+        throw std::invalid_argument("config file " + path + ": '" + section + "' is outside any [section]");
+      for (const auto& [name, value] : entries) {
+        try {
+          apply(c, section + "." + name, value.get_value<std::string>());
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument(std::string(e.what()) + " in config file " + path);
+        }
+      }
     }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw std::invalid_argument(std::string("bad configuration") + (path.empty() ? "" : " in " + path) + ": " + e.what());
+    c.config_path = path;
   }
-  auto positive = [](std::int64_t v, const char* key) {
-    if (v < 0) throw std::invalid_argument(std::string(key) + " must not be negative");
-    return v;
-  };
-  if (r.arena_mib < 1 || r.arena_mib > (1u << 16)) throw std::invalid_argument("daemon.arena_mib must be 1..65536");
-  if (r.chunk_kib < 4 || r.chunk_kib > (1u << 20)) throw std::invalid_argument("daemon.chunk_kib must be 4..1048576");
-  if (r.worker_threads < 0 || r.worker_threads > 64) throw std::invalid_argument("daemon.worker_threads must be 0..64");
-  c.config_path = path;
-  c.arena_bytes = r.arena_mib << 20;
-  c.chunk_bytes = r.chunk_kib << 10;
-  c.worker_threads = r.worker_threads;
-  c.spin = std::chrono::microseconds(positive(r.spin_us, "daemon.spin_us"));
-  c.stall_warning = std::chrono::seconds(positive(r.stall_warning_s, "daemon.stall_warning_s"));
-  c.collective_timeout = std::chrono::seconds(positive(r.collective_timeout_s, "daemon.collective_timeout_s"));
-  c.exit_grace = std::chrono::seconds(positive(r.exit_grace_s, "daemon.exit_grace_s"));
-  c.log_level = r.log_level;
-  c.fabric_provider = r.provider;
-  c.fabric_interface = r.interface;
+  // Command-line overrides come last and win.
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw std::invalid_argument("override '" + o + "' is not SECTION.KEY=VALUE");
+    apply(c, o.substr(0, eq), o.substr(eq + 1));
+  }
   return c;
 }
 

@@ -1,5 +1,6 @@
 # The daemon's core library (everything but main) so tests can link it without MPI.
 add_library(smddp_daemon_core STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/cli.cpp
   ${CMAKE_CURRENT_LIST_DIR}/config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/matcher.cpp
   ${CMAKE_CURRENT_LIST_DIR}/worker_pool.cpp
@@ -7,9 +8,11 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/supervisor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cpp)
 target_link_libraries(smddp_daemon_core PUBLIC smddp_ipc smddp_host_reduce smddp_control
-  Boost::program_options spdlog::spdlog nlohmann_json::nlohmann_json Threads::Threads)
+  Boost::headers spdlog::spdlog nlohmann_json::nlohmann_json Threads::Threads)
 
 if(NOT SMDDP_ONLY_CORE)
   add_executable(smddp-daemon ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
-  target_link_libraries(smddp-daemon PRIVATE smddp_daemon_core MPI::MPI_CXX)
+  target_link_libraries(smddp-daemon PRIVATE smddp_daemon_core MPI::MPI_C)
+  # mpi.h pulls in the C++ bindings unless told not to; we use the C API only.
+  target_compile_definitions(smddp-daemon PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
 endif()

@@ -187,7 +187,7 @@ int Daemon::loop() {
     if (now - last_activity < config_.spin) {
       // Spin on the rings; yield (a syscall) only now and then, see ipc::spin_then_wait.
       ipc::cpu_relax();
-      if ((++idle_polls & 15) == 0) ::sched_yield();
+      if ((++idle_polls & 0) == 0) ::sched_yield();
       continue;
     }
     auto& bell = segment_.header().daemon_bell;

@@ -5,7 +5,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <boost/program_options.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -14,13 +13,13 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "daemon/cli.hpp"
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
 #include "daemon/version.hpp"
 #include "ipc/names.hpp"
 #include "ipc/segment.hpp"
 
-namespace po = boost::program_options;
 using namespace smddp;
 
 namespace {
@@ -110,45 +109,28 @@ daemon::JobLayout bootstrap(int simulate_nodes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string job_id, config_path, log_level, cleanup;
-  int nproc = 1, simulate = 0, node_id = 0, num_nodes = 1, attach_timeout = 120;
-  bool attach_mode = false;
-  std::vector<std::string> overrides, command;
-  po::options_description opts("smddp-daemon options (usually started by smddprun)");
-  opts.add_options()
-      ("help,h", "this help")
-      ("version", "print the version")
-      ("job-id", po::value(&job_id), "job id (default: $SMDDP_JOB_ID)")
-      ("nproc-per-node", po::value(&nproc)->default_value(1), "training ranks to start on this node")
-      ("config", po::value(&config_path), "configuration file (ini), e.g. configs/local.ini")
-      ("simulate-nodes", po::value(&simulate)->default_value(0), "act as one of K simulated nodes on this machine")
-      ("log-level", po::value(&log_level), "trace, debug, info, warn, error")
-      ("set", po::value(&overrides)->composing(), "override a config key: SECTION.KEY=VALUE (repeatable)")
-      ("cleanup-job", po::value(&cleanup), "remove this machine's leftover segments and sockets of a job, then exit")
-      ("attach-mode", po::bool_switch(&attach_mode),
-       "launch path 2: ranks started by mpirun/torchrun attach by themselves (started by local rank 0)")
-      ("node-id", po::value(&node_id)->default_value(0), "attach mode: this node's id")
-      ("num-nodes", po::value(&num_nodes)->default_value(1), "attach mode: number of nodes")
-      ("attach-timeout", po::value(&attach_timeout)->default_value(120), "attach mode: seconds to wait for ranks")
-      ("command", po::value(&command), "the rank command (after --)");
-  po::positional_options_description pos;
-  pos.add("command", -1);
-  po::variables_map vm;
+  daemon::DaemonArgs args;
   try {
-    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "smddp-daemon: " << e.what() << "\n" << opts << "\n";
+    args = daemon::parse_daemon_args(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "smddp-daemon: " << e.what() << "\n" << daemon::daemon_usage();
     return 2;
   }
-  if (vm.count("help")) {
-    std::cout << "usage: smddp-daemon [options] -- COMMAND [ARGS...]\n" << opts << "\n";
+  if (args.help) {
+    std::cout << daemon::daemon_usage();
     return 0;
   }
-  if (vm.count("version")) {
+  if (args.version) {
     std::cout << "smddp-daemon " << kVersion << "\n";
     return 0;
   }
+  std::string job_id = args.job_id, config_path = args.config_path, log_level = args.log_level,
+              cleanup = args.cleanup_job;
+  const int nproc = args.nproc_per_node, simulate = args.simulate_nodes, node_id = args.node_id,
+            num_nodes = args.num_nodes, attach_timeout = args.attach_timeout_s;
+  const bool attach_mode = args.attach_mode;
+  const auto& overrides = args.overrides;
+  const auto& command = args.command;
   try {
     if (!cleanup.empty()) return cleanup_job(cleanup);
     if (job_id.empty())
