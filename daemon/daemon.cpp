@@ -174,20 +174,19 @@ void Daemon::watch_attached_ranks() {
 
 int Daemon::loop() {
   Clock::time_point last_activity = Clock::now();
-  for (unsigned idle_polls = 0;;) {
+  for (;;) {
     const auto now = Clock::now();
     if (poll_rings(now)) {
       last_activity = now;
-      idle_polls = 0;
       if (now - last_housekeeping_ >= kHousekeepingEvery) housekeeping(now);
       continue;
     }
     if (now - last_housekeeping_ >= kHousekeepingEvery) housekeeping(now);
     if (finished(now)) break;
     if (now - last_activity < config_.spin) {
-      // Spin on the rings; yield (a syscall) only now and then, see ipc::spin_then_wait.
+      // Spin on the rings, yielding after every poll (see ipc::spin_then_wait for why).
       ipc::cpu_relax();
-      if ((++idle_polls & 0) == 0) ::sched_yield();
+      ::sched_yield();
       continue;
     }
     auto& bell = segment_.header().daemon_bell;

@@ -21,15 +21,14 @@ bool spin_then_wait(Doorbell& bell, Ready&& ready, std::chrono::steady_clock::ti
   using clock = std::chrono::steady_clock;
   if (ready()) return true;
   const auto spin_end = clock::now() + spin;
-  for (unsigned i = 1;; ++i) {
+  // Yield after every poll: with more spinning threads than cores (2 ranks and the daemon on
+  // 2 cores) the thread we wait for needs our core. Measured for an 8 B allreduce with 2 ranks:
+  // 21 us yielding every poll, 26-28 us yielding every 16-32 polls.
+  for (;;) {
     if (ready()) return true;
     cpu_relax();
-    // A yield is a syscall (microseconds on a VM): only every few microseconds, enough for an
-    // oversubscribed machine to run the thread we wait for.
-    if ((i & 31) == 0) {
-      if (clock::now() >= spin_end) break;
-      ::sched_yield();
-    }
+    if (clock::now() >= spin_end) break;
+    ::sched_yield();
   }
   for (;;) {
     const std::uint32_t t = bell.ticket();
