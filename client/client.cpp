@@ -156,9 +156,14 @@ ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
            " of node " + std::to_string(o.node_id) + " (the daemon expects rank " + std::to_string(slot_.rank) + ")");
   arena_ = segment_.arena(o.local_rank);
   std::uint32_t expected = static_cast<std::uint32_t>(ipc::SlotState::Empty);
-  if (!slot_.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(ipc::SlotState::Claiming)))
-    refuse("local rank " + std::to_string(o.local_rank) + " of job " + o.job_id + " is already registered (pid " +
-           std::to_string(slot_.pid) + ")");
+  if (!slot_.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(ipc::SlotState::Claiming))) {
+    if (expected == static_cast<std::uint32_t>(ipc::SlotState::Exited) && slot_.pid == ::getpid())
+      refuse("this process already attached to job " + o.job_id + " as local rank " + std::to_string(o.local_rank) +
+             " and detached; attaching a second time in one job is not supported (keep the process group, or "
+             "start a new job)");
+    refuse("local rank " + std::to_string(o.local_rank) + " of job " + o.job_id + " is already taken (pid " +
+           std::to_string(slot_.pid) + ", state " + std::to_string(expected) + ")");
+  }
   slot_.pid = ::getpid();
   std::strncpy(slot_.device_bus_id, o.device_bus_id.c_str(), ipc::kBusIdBytes - 1);
   slot_.state.store(static_cast<std::uint32_t>(ipc::SlotState::Registered), std::memory_order_release);

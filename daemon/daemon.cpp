@@ -136,12 +136,19 @@ int Daemon::serve_attached(std::chrono::seconds attach_timeout) {
 
 bool Daemon::finished(Clock::time_point now) {
   if (!attach_mode_) return supervisor_.all_exited();
-  bool all_gone = true, any = false;
+  bool all_gone = true, any = false, registered_gone = true;
   for (const auto& r : ranks_) {
     any = any || r.registered;
     all_gone = all_gone && r.registered && r.exited;
+    registered_gone = registered_gone && (!r.registered || r.exited);
   }
   if (all_gone) return true;
+  // Some ranks came and went, the others never came: after the attach timeout, stop.
+  if (any && registered_gone && attach_deadline_ && now >= *attach_deadline_) {
+    spdlog::error("ranks that attached have left and the others never attached; exiting");
+    if (exit_code_ == 0) exit_code_ = 1;
+    return true;
+  }
   if (!any && attach_deadline_ && now >= *attach_deadline_) {
     spdlog::error("no rank attached within the attach timeout; exiting");
     if (exit_code_ == 0) exit_code_ = 1;
@@ -367,10 +374,12 @@ void Daemon::on_rank_exit(const RankExit& ex) {
   info.wait_status = ex.wait_status;
   auto& slot = segment_.slot(ex.local_rank);
   const int global = layout_.node_id * layout_.nproc_per_node + ex.local_rank;
+  // An attached rank is not our child: we see only whether it detached first.
+  const std::string how = !attach_mode_ ? describe_exit(ex.wait_status)
+                          : info.exit_known ? std::string("detached from smddp (its exit status is unknown to the daemon)")
+                                            : std::string("exited without detaching from smddp (crashed or killed)");
   const std::string what = "rank " + std::to_string(global) + " (pid " + std::to_string(ex.pid) + ") on node " +
-                           std::to_string(layout_.node_id) + " " +
-                           (info.exit_known ? describe_exit(ex.wait_status)
-                                            : std::string("exited without detaching from smddp (crashed or killed)"));
+                           std::to_string(layout_.node_id) + " " + how;
   const bool clean = exit_code_of(ex.wait_status) == 0;
   slot.state.store(static_cast<std::uint32_t>(clean ? ipc::SlotState::Exited : ipc::SlotState::Failed),
                    std::memory_order_release);

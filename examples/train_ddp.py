@@ -3,6 +3,8 @@
 
     smddprun --nproc-per-node 2 -- python examples/train_ddp.py --steps 20
     smddprun --nproc-per-node 2 -- python examples/train_ddp.py --device cuda
+    mpirun -np 2 python examples/train_ddp.py         # the plugin starts the daemon itself
+    torchrun --nproc-per-node 2 examples/train_ddp.py
 
 Each rank trains on its shard of a fixed synthetic regression set; the loss printed by rank 0
 is the global mean (an all_reduce with AVG).
@@ -17,6 +19,34 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401  registers backend "smddp"
+
+
+def find_smddp_ctl():
+    """smddp-ctl on PATH, else beside the smddp-daemon of the build this package came from."""
+    import shutil
+    found = shutil.which("smddp-ctl")
+    if found:
+        return found
+    from smdistributed.dataparallel.torch import _launch
+    for bin_dir in _launch._build_bin_dirs():
+        path = os.path.join(bin_dir, "smddp-ctl")
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def show_status():
+    # The operator's view of the daemon serving this job (SMDDP_JOB_ID is set under both
+    # launch paths once init_process_group has run), while it still runs.
+    import subprocess
+    ctl = find_smddp_ctl()
+    if ctl is None:
+        print("--show-status: smddp-ctl not found (put the smddp build's bin/ on PATH)", flush=True)
+        return
+    job = ["--job", os.environ["SMDDP_JOB_ID"]] if "SMDDP_JOB_ID" in os.environ else []
+    subprocess.run([ctl, "status", *job], check=False)
+    health = subprocess.run([ctl, "health", *job], check=False)
+    print("smddp-ctl health exit status: %d (0 healthy, 1 degraded, 2 unreachable)" % health.returncode, flush=True)
 
 
 def main():
@@ -66,12 +96,7 @@ def main():
         print("done: %d ranks on %s, backend %s" % (world, device, dist.get_backend()), flush=True)
         if args.show_status:
             # The operator's view of the daemon serving this job, while it still runs.
-            import subprocess
-            job = ["--job", os.environ["SMDDP_JOB_ID"]] if "SMDDP_JOB_ID" in os.environ else []
-            subprocess.run(["smddp-ctl", "status", *job], check=False)
-            health = subprocess.run(["smddp-ctl", "health", *job], check=False)
-            print("smddp-ctl health exit status: %d (0 healthy, 1 degraded, 2 unreachable)" % health.returncode,
-                  flush=True)
+            show_status()
     dist.barrier()
     dist.destroy_process_group()
 

@@ -5,6 +5,7 @@
 
 #include <array>
 
+#include "ipc/names.hpp"
 #include "torch_plugin/client_registry.hpp"
 #include "torch_plugin/errors.hpp"
 #include "torch_plugin/process_group_smddp.hpp"
@@ -83,6 +84,18 @@ PYBIND11_MODULE(_smddp_c, m) {
         "Creates the smddp backend of one process group (attaching to the daemon on first use).");
   m.def("client_info", &client_info,
         "The attached client's view of the job (rank, local rank, node, daemon pid...), or None.");
+  // Launch path 2 (_launch.py) starts a daemon and waits for its segment; the names come from
+  // ipc so that Python never re-derives the contract.
+  m.def("segment_name", [](const std::string& job_id, int node_id) { return smddp::ipc::segment_name(job_id, node_id); },
+        py::arg("job_id"), py::arg("node_id"),
+        "The POSIX shm name of a job's segment on a node (/dev/shm/<name> on Linux).");
+  m.def("check_job_id", [](const std::string& job_id) {
+    try {
+      smddp::ipc::check_job_id(job_id);
+    } catch (const std::invalid_argument& e) {
+      throw SmddpException(ErrorKind::InvalidArgument, std::string("smddp: bad job id: ") + e.what());
+    }
+  }, py::arg("job_id"), "Raises SMDDPInvalidArgumentError unless job_id is a valid smddp job id.");
   m.def("_raise_for_test", [](int kind, const std::string& msg) {
     throw SmddpException(kind >= 0 && kind < kKinds ? static_cast<ErrorKind>(kind) : ErrorKind::Generic, msg);
   }, "Raises the Python class mapped to ErrorKind `kind` (tests of the translation).");

@@ -3,6 +3,9 @@
 #include <Python.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
 #include <mutex>
 
 #include "torch_plugin/errors.hpp"
@@ -20,6 +23,24 @@ const char* const kHowToStart =
     "`smddprun --nproc-per-node N -- python train.py`, or with `mpirun -np N python train.py` / "
     "torchrun, where local rank 0 starts one (smddp-daemon --attach-mode).";
 
+// How long a rank waits for its daemon's segment: $SMDDP_ATTACH_TIMEOUT seconds, else the
+// client's default (30 s: under launch path 2 local rank 0 may still be starting the daemon).
+std::chrono::milliseconds attach_timeout_from_env() {
+  const client::AttachOptions defaults;
+  const char* v = std::getenv("SMDDP_ATTACH_TIMEOUT");
+  if (!v || !*v) {
+    return defaults.attach_timeout;
+  }
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(s >= 0.0) || s > 86400.0) {
+    throw SmddpException(ErrorKind::InvalidArgument,
+                         std::string("smddp: SMDDP_ATTACH_TIMEOUT must be a number of seconds (0..86400), got '") + v +
+                             "'");
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000.0));
+}
+
 }  // namespace
 
 std::shared_ptr<client::Client> shared_client() {
@@ -35,6 +56,7 @@ std::shared_ptr<client::Client> shared_client() {
     throw SmddpException(ErrorKind::DaemonUnreachable, "smddp: cannot attach to the smddp daemon: " + why +
                                                            (why.find("smddprun") == std::string::npos ? kHowToStart : ""));
   }
+  opts.attach_timeout = attach_timeout_from_env();
   std::shared_ptr<client::Client> c;
   try {
     c = client::Client::attach(opts);

@@ -416,7 +416,7 @@ TEST(ClientAttach, SecondRegistrationOfASlotIsRefused) {
   auto first = Client::attach(attach_options(job, 1, 2, 2));
   const auto e = error_of([&] { Client::attach(attach_options(job, 1, 2, 2)); });
   EXPECT_EQ(e.status(), Status::InvalidRequest);
-  EXPECT_TRUE(contains(e.what(), "already registered")) << e.what();
+  EXPECT_TRUE(contains(e.what(), "already taken")) << e.what();
   EXPECT_TRUE(contains(e.what(), "pid " + std::to_string(::getpid()))) << e.what();
   // The other slot is untouched.
   auto other = Client::attach(attach_options(job, 0, 2, 2));

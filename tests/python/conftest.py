@@ -1,14 +1,19 @@
 """Shared fixtures of the plugin tests: where the build is, and how to run an smddp job.
 
-Environment: SMDDP_BUILD_DIR (set by CTest; default: the newest build-* folder beside the
+Every multi-rank test runs through both launch paths: smddprun (path 1: the daemon spawns
+the ranks) and plain mpirun (path 2: the plugin starts `smddp-daemon --attach-mode`).
+
+Environment: SMDDP_BUILD_DIR (set by CTest; or the parent of SMDDP_BIN_DIR; default: the newest build-* folder beside the
 sources that has the extension), SMDDP_DAEMON (default <build>/bin/smddp-daemon),
 SMDDP_TEST_PYTHON (default /usr/bin/python3).
 """
 
 import glob
 import os
+import shutil
+import socket
 import subprocess
-import sys
+import time
 
 import pytest
 
@@ -25,6 +30,9 @@ def build_dir():
     env = os.environ.get("SMDDP_BUILD_DIR")
     if env:
         return env
+    bin_dir = os.environ.get("SMDDP_BIN_DIR")
+    if bin_dir:
+        return os.path.dirname(os.path.abspath(bin_dir))
     candidates = [d for d in glob.glob(os.path.join(SOURCE_ROOT, "build*")) if _has_extension(d)]
     if not candidates:
         pytest.skip("no smddp build with the torch plugin found (set SMDDP_BUILD_DIR)")
@@ -49,17 +57,59 @@ def base_env(build):
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")  # 2-core machines: ranks must not oversubscribe
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SMDDP_JOB_ID", "SMDDP_NODE_ID",
-                 "MASTER_ADDR", "MASTER_PORT"):
+                 "MASTER_ADDR", "MASTER_PORT", "SMDDP_ATTACH_MODE", "SMDDP_DAEMON", "SMDDP_DAEMON_LOG",
+                 "SMDDP_SIMULATE_NODES", "SMDDP_ATTACH_TIMEOUT", "SMDATAPARALLEL_LOCAL_RANK"):
         env.pop(name, None)
     return env
 
 
+LAUNCHERS = ("smddprun", "mpirun")
+
+# Plain mpirun as root on a loopback-only machine (launch path 2: the plugin starts the daemon).
+MPIRUN_FLAGS = ("--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                "--mca", "btl", "self,vader,tcp", "--mca", "btl_vader_single_copy_mechanism", "none",
+                "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo")
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is gone for our purposes (its parent, a rank, may not have reaped it yet).
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def master_port():
+    return str(free_port())
+
+
 class JobResult:
-    def __init__(self, proc):
+    def __init__(self, proc, launcher="smddprun", elapsed=0.0):
         self.returncode = proc.returncode
         self.output = proc.stdout
+        self.launcher = launcher
+        self.elapsed = elapsed
         self.checks = {}  # (rank, name) -> (ok, detail)
+        self.jobs = {}  # rank -> (job id, daemon pid, launch path) from 'SMDDP-JOB' lines
         for line in self.output.splitlines():
+            if line.startswith("SMDDP-JOB "):
+                parts = line.split()
+                if len(parts) == 5:
+                    self.jobs[int(parts[1])] = (parts[2], int(parts[3]), parts[4])
             if "SMDDP-CHECK " not in line:
                 continue
             parts = line.split("SMDDP-CHECK ", 1)[1].split(" ", 3)
@@ -72,37 +122,81 @@ class JobResult:
     def names(self, rank=0):
         return {n for (r, n) in self.checks if r == rank}
 
+    def leftovers(self, wait_s=10.0):
+        """Daemons of this job still running and segments of it still in /dev/shm, after
+        giving the daemons wait_s to notice that the ranks are gone."""
+        daemons = {pid for (_, pid, _) in self.jobs.values() if pid > 0}
+        jobs = {job for (job, _, _) in self.jobs.values() if job != "?"}
+        deadline = time.time() + wait_s
+        while time.time() < deadline and any(pid_alive(p) for p in daemons):
+            time.sleep(0.05)
+        left = ["daemon pid %d still running" % p for p in sorted(daemons) if pid_alive(p)]
+        for job in sorted(jobs):
+            left += glob.glob("/dev/shm/smddp.%s.*" % job)
+        return left
+
+    def assert_launch_path(self):
+        """Each rank reported the launch path its launcher stands for."""
+        want = "1" if self.launcher == "smddprun" else "2"
+        paths = {r: p for r, (_, _, p) in self.jobs.items()}
+        assert paths and set(paths.values()) == {want}, "launch paths by rank %s, expected %s" % (paths, want)
+        assert len({job for (job, _, _) in self.jobs.values()}) == 1, "ranks saw different jobs: %s" % self.jobs
+
     def assert_ok(self, min_checks=1):
         tail = "\n".join(self.output.splitlines()[-60:])
         assert self.returncode == 0, "job exited with %d; failures: %s\n--- output tail ---\n%s" % (
             self.returncode, self.failures(), tail)
         assert not self.failures(), "failed checks:\n  " + "\n  ".join(self.failures())
         assert len(self.checks) >= min_checks, "only %d checks reported\n%s" % (len(self.checks), tail)
+        if self.jobs:
+            self.assert_launch_path()
+        left = self.leftovers()
+        assert not left, "left behind after the job: %s" % left
 
 
-def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=()):
-    """Runs `smddprun --nproc-per-node N -- python workers/<worker> ARGS` and returns a JobResult."""
+def _worker_cmd(worker, args):
+    return [python_exe(), os.path.join(WORKERS, worker), *map(str, args)]
+
+
+def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(), launcher="smddprun",
+            mpirun_args=()):
+    """Runs `smddprun --nproc-per-node N -- python workers/<worker> ARGS` (launch path 1) or
+    `mpirun -np N python workers/<worker> ARGS` (launch path 2) and returns a JobResult."""
     build = build_dir()
-    smddprun = os.path.join(build, "bin", "smddprun")
-    if not os.access(smddprun, os.X_OK):
-        pytest.skip("smddprun not found in %s/bin" % build)
-    cmd = [smddprun, "--daemon", daemon_path(build),
-           "--nproc-per-node", str(nproc), *smddprun_args, "--",
-           python_exe(), os.path.join(WORKERS, worker), *map(str, args)]
     env = base_env(build)
     if extra_env:
         env.update(extra_env)
+    if launcher == "smddprun":
+        smddprun = os.path.join(build, "bin", "smddprun")
+        if not os.access(smddprun, os.X_OK):
+            pytest.skip("smddprun not found in %s/bin" % build)
+        cmd = [smddprun, "--daemon", daemon_path(build), "--nproc-per-node", str(nproc), *smddprun_args, "--",
+               *_worker_cmd(worker, args)]
+    elif launcher == "mpirun":
+        mpirun = shutil.which("mpirun")
+        if not mpirun:
+            pytest.skip("mpirun not found")
+        env["SMDDP_DAEMON"] = daemon_path(build)
+        env["MASTER_ADDR"] = "127.0.0.1"
+        env["MASTER_PORT"] = str(free_port())
+        forwarded = [a for name in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS", "SMDDP_DAEMON",
+                                    "MASTER_ADDR", "MASTER_PORT", *(extra_env or {}))
+                     for a in ("-x", name)]
+        cmd = [mpirun, *MPIRUN_FLAGS, *mpirun_args, *forwarded, "-np", str(nproc), *_worker_cmd(worker, args)]
+    else:
+        raise ValueError(launcher)
+    t0 = time.time()
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout, cwd=WORKERS)
-    return JobResult(proc)
+    return JobResult(proc, launcher, time.time() - t0)
 
 
 def run_plain(worker, args=(), env_overrides=None, timeout=120):
-    """Runs one worker process without smddprun (no daemon)."""
+    """Runs one worker process without a launcher (no daemon unless the plugin starts one)."""
     build = build_dir()
     env = base_env(build)
     if env_overrides:
         env.update(env_overrides)
-    proc = subprocess.run([python_exe(), os.path.join(WORKERS, worker), *map(str, args)], env=env,
+    proc = subprocess.run(_worker_cmd(worker, args), env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=WORKERS)
-    return JobResult(proc)
+    return JobResult(proc, "plain")

@@ -1,28 +1,73 @@
-"""Bad input raises the right SMDDPError subclass at once and the group stays usable; no daemon
-is reported with how to start one."""
+"""Bad input raises the right SMDDPError subclass at once and the group stays usable, under
+both launch paths; init_process_group without a reachable daemon, or with a layout launch
+path 2 cannot serve yet, says what is wrong and how to start a job."""
 
-import time
+import re
 
-from conftest import run_job, run_plain
+import pytest
+
+from conftest import LAUNCHERS, build_dir, daemon_path, run_job, run_plain
+
+SINGLE = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
 
 
-def test_bad_input_raises_and_group_stays_usable():
-    job = run_job("bad_input_worker.py", 2)
-    job.assert_ok(min_checks=2 * 25)
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_bad_input_raises_and_group_stays_usable(launcher, nproc):
+    job = run_job("bad_input_worker.py", nproc, launcher=launcher)
+    job.assert_ok(min_checks=nproc * 25)
     assert "bad.size_mismatch_across_ranks" in job.names(0)
 
 
-def test_no_daemon_plain_python():
-    t0 = time.time()
-    res = run_plain("no_daemon_worker.py", env_overrides={"RANK": "0", "WORLD_SIZE": "1",
-                                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29631"})
+def init_seconds(res):
+    return [float(s) for s in re.findall(r"^SMDDP-INIT-SECONDS \d+ ([0-9.]+)$", res.output, re.M)]
+
+
+def test_no_daemon_for_smddprun_job_id(master_port):
+    # SMDDP_JOB_ID says smddprun started us, but no daemon of that job exists.
+    res = run_plain("init_error_worker.py", ["SMDDPDaemonUnreachableError", "smddprun", "no-such-job"],
+                    env_overrides={**SINGLE, "MASTER_PORT": master_port, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                                   "SMDDP_JOB_ID": "no-such-job", "SMDDP_ATTACH_TIMEOUT": "1"})
     res.assert_ok(min_checks=1)
-    assert time.time() - t0 < 60
+    assert all(s < 20 for s in init_seconds(res)), init_seconds(res)
 
 
-def test_no_daemon_under_mpirun_env():
+def test_no_daemon_program_plain_python(master_port):
+    # Launch path 2 where the daemon program cannot be found: say how to get one.
+    res = run_plain("init_error_worker.py", ["SMDDPDaemonUnreachableError", "smddprun", "SMDDP_DAEMON"],
+                    env_overrides={**SINGLE, "MASTER_PORT": master_port, "SMDDP_DAEMON": "/nonexistent/smddp-daemon"})
+    res.assert_ok(min_checks=1)
+
+
+def test_no_daemon_program_under_mpirun_env(master_port):
     # What plain `mpirun -np 1 python train.py` sets: no RANK, only OMPI_* variables.
-    res = run_plain("no_daemon_worker.py", env_overrides={
+    res = run_plain("init_error_worker.py", ["SMDDPDaemonUnreachableError", "smddprun"], env_overrides={
         "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-        "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_PORT": "29632"})
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_PORT": master_port, "SMDDP_DAEMON": "/nonexistent/smddp-daemon"})
     res.assert_ok(min_checks=2)
+
+
+def test_daemon_that_dies_at_start(master_port):
+    res = run_plain("init_error_worker.py", ["SMDDPDaemonUnreachableError", "exited with status 1"],
+                    env_overrides={**SINGLE, "MASTER_PORT": master_port, "SMDDP_DAEMON": "/bin/false"})
+    res.assert_ok(min_checks=1)
+
+
+def test_plain_python_single_rank_starts_its_daemon(master_port):
+    # No launcher at all (RANK/WORLD_SIZE by hand, no LOCAL_*): the layout comes from the store.
+    daemon_path(build_dir())
+    res = run_plain("v1_api_worker.py", env_overrides={**SINGLE, "MASTER_PORT": master_port})
+    res.launcher = "mpirun"  # launch path 2
+    res.assert_ok(min_checks=2)
+
+
+@pytest.mark.parametrize("simulate", [False, True])
+def test_mpirun_several_nodes_not_yet(simulate):
+    # Two ranks that each claim to be alone on their node: a two-node job.
+    env = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    if simulate:
+        env["SMDDP_SIMULATE_NODES"] = "2"
+    needles = ["SMDDP_SIMULATE_NODES", "fabric transport"] if simulate else ["one node", "fabric transport"]
+    job = run_job("init_error_worker.py", 2, args=["SMDDPUnsupportedError", *needles], launcher="mpirun",
+                  extra_env=env, timeout=60)
+    job.assert_ok(min_checks=2)

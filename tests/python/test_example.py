@@ -1,13 +1,16 @@
-"""examples/train_ddp.py runs under smddprun and its loss falls."""
+"""examples/train_ddp.py runs under smddprun and under plain mpirun, and its loss falls."""
 
 import os
 import re
 
-from conftest import SOURCE_ROOT, run_job
+import pytest
+
+from conftest import LAUNCHERS, SOURCE_ROOT, run_job
 
 
-def test_train_ddp_example():
-    job = run_job(os.path.join(SOURCE_ROOT, "examples", "train_ddp.py"), 2, args=["--steps", "10"])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_train_ddp_example(launcher):
+    job = run_job(os.path.join(SOURCE_ROOT, "examples", "train_ddp.py"), 2, args=["--steps", "10"], launcher=launcher)
     assert job.returncode == 0, job.output[-3000:]
     losses = [float(m) for m in re.findall(r"step +\d+ +loss ([0-9.]+)", job.output)]
     assert len(losses) == 10 and losses[-1] < losses[0], losses

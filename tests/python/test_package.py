@@ -41,6 +41,59 @@ env2 = {"RANK": "5", "OMPI_COMM_WORLD_RANK": "3", "WORLD_SIZE": "8", "MASTER_ADD
 _launch.map_launcher_env(env2)
 assert env2["RANK"] == "5" and env2["MASTER_ADDR"] == "h"
 
+# Launch path detection and the local layout of launch path 2.
+assert _launch.launched_by_smddprun({"SMDDP_JOB_ID": "j"})
+assert not _launch.launched_by_smddprun({"SMDDP_JOB_ID": "j", _launch.ATTACH_MARKER: "1"})
+assert not _launch.launched_by_smddprun({})
+assert _launch.local_layout(None, 3, 8, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}) == (1, 4)
+assert _launch.local_layout(None, 3, 8, {"OMPI_COMM_WORLD_LOCAL_RANK": "2",
+                                        "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}) == (2, 4)
+try:
+    _launch.local_layout(None, 0, 2, {"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"})
+except E.SMDDPInvalidArgumentError as e:
+    assert "inconsistent" in str(e)
+else:
+    raise AssertionError("bad layout accepted")
+
+
+class DictStore:  # what local_layout needs of a c10d Store
+    def __init__(self):
+        self.d = {}
+
+    def set(self, k, v):
+        self.d[k] = v.encode() if isinstance(v, str) else v
+
+    def get(self, k):
+        return self.d[k]
+
+
+st = DictStore()
+import socket
+for r in range(3):
+    st.set(_launch._HOST_KEY % (_launch._generation, r), "elsewhere" if r == 1 else socket.gethostname())
+assert _launch.local_layout(st, 2, 3, {}) == (1, 2)
+
+# The daemon program of this build is found without PATH or SMDDP_DAEMON.
+import os
+os.environ.pop("SMDDP_DAEMON", None)
+from smdistributed.dataparallel import _paths
+assert _launch.find_daemon() == os.path.join(_paths.BIN_DIR, "smddp-daemon"), _launch.find_daemon()
+os.environ["SMDDP_DAEMON"] = "/nonexistent"
+try:
+    _launch.find_daemon()
+except E.SMDDPDaemonUnreachableError as e:
+    assert "SMDDP_DAEMON" in str(e) and "smddprun" in str(e)
+else:
+    raise AssertionError("a missing SMDDP_DAEMON was accepted")
+assert c.segment_name("pt-1", 0) == "smddp.pt-1.n0", c.segment_name("pt-1", 0)
+c.check_job_id(_launch._new_job_id())
+try:
+    c.check_job_id("bad/id")
+except E.SMDDPInvalidArgumentError:
+    pass
+else:
+    raise AssertionError("bad job id accepted")
+
 import smdistributed.dataparallel.torch.distributed as sdist
 assert sdist.ReduceOp.AVERAGE == dist.ReduceOp.AVG
 try:

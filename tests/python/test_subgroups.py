@@ -1,7 +1,11 @@
-"""new_group([0, 2]) and new_group([1, 3]) with smddp among 4 ranks, beside gloo."""
+"""new_group([0, 2]) and new_group([1, 3]) with smddp among 4 ranks, beside gloo, through
+smddprun and through plain mpirun (where subgroups reuse the job id the world group agreed on)."""
 
-from conftest import run_job
+import pytest
+
+from conftest import LAUNCHERS, run_job
 
 
-def test_subgroups():
-    run_job("subgroup_worker.py", 4).assert_ok(min_checks=4 * 6)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_subgroups(launcher):
+    run_job("subgroup_worker.py", 4, launcher=launcher).assert_ok(min_checks=4 * 6)

@@ -1,9 +1,14 @@
-"""The smdistributed v1 API (smdistributed.dataparallel.torch.distributed + parallel DDP)."""
+"""The smdistributed v1 API (smdistributed.dataparallel.torch.distributed + parallel DDP), end
+to end with 2 and 4 ranks, through smddprun and through plain mpirun."""
 
-from conftest import run_job
+import pytest
+
+from conftest import LAUNCHERS, run_job
 
 
-def test_v1_api_trains():
-    job = run_job("v1_api_worker.py", 2)
-    job.assert_ok(min_checks=4)
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_v1_api_trains(launcher, nproc):
+    job = run_job("v1_api_worker.py", nproc, launcher=launcher)
+    job.assert_ok(min_checks=2 * nproc)
     assert "v1 step 19 loss" in job.output

@@ -70,11 +70,23 @@ def close(a, b, rtol=0.0, atol=0.0):
     return "max abs diff %g: %s vs %s" % (diff, a.flatten()[:8].tolist(), b.flatten()[:8].tolist())
 
 
+def announce(rank):
+    """Tells the pytest side which job and daemon served this rank and which launch path it
+    took: 'SMDDP-JOB <rank> <job id> <daemon pid> <path>' (path 2: the plugin started the
+    daemon), so it can check that the daemon is gone and /dev/shm clean after the job."""
+    from smdistributed.dataparallel.torch import _launch, _smddp_c
+    info = _smddp_c.client_info() or {}
+    path = "2" if os.environ.get(_launch.ATTACH_MARKER) == "1" else "1"
+    sys.stdout.flush()
+    os.write(1, ("SMDDP-JOB %d %s %s %s\n" % (rank, info.get("job_id", "?"), info.get("daemon_pid", 0), path)).encode())
+
+
 def init(backend="smddp"):
     import torch.distributed as dist
     import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
     torch.set_num_threads(1)
     dist.init_process_group(backend)
+    announce(dist.get_rank())
     return dist.get_rank(), dist.get_world_size()
 
 

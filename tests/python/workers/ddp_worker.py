@@ -1,7 +1,6 @@
 """DDP on smddp: 20 SGD steps of a small MLP must equal the same DDP on gloo and a
 single-process full-batch reference (float64, rtol 1e-6), for several DDP options."""
 
-import copy
 
 import torch
 import torch.distributed as dist
@@ -96,11 +95,11 @@ def same_on_all_ranks(model):
             return "rank %d's model differs from rank %d's" % (r, rank)
 
 
-def case(name, rtol_ref=1e-6, vs_reference=True, **kw):
+def case(name, rtol_ref=1e-6, vs_reference=True, rtol_gloo=1e-6, **kw):
     def body():
         m_smddp, losses = train_ddp(None, **kw)
         m_gloo, _ = train_ddp(gloo, **kw)
-        err = same_on_all_ranks(m_smddp) or compare_models(m_smddp, m_gloo, 1e-6, "smddp vs gloo")
+        err = same_on_all_ranks(m_smddp) or compare_models(m_smddp, m_gloo, rtol_gloo, "smddp vs gloo")
         if err:
             return err
         if vs_reference:
@@ -121,8 +120,11 @@ case("find_unused_parameters", ddp_kwargs={"find_unused_parameters": True}, mode
 case("gradient_as_bucket_view", ddp_kwargs={"gradient_as_bucket_view": True})
 case("small_buckets", ddp_kwargs={"bucket_cap_mb": 0.0001})
 case("static_graph", ddp_kwargs={"static_graph": True}) if "static_graph" in DDP.__init__.__code__.co_varnames else None
-# fp16 compression rounds the gradients: equal to gloo with the same hook, not to the reference.
-case("fp16_compress_hook", vs_reference=False, hook=default_hooks.fp16_compress_hook)
+# fp16 compression rounds the gradients: close to gloo with the same hook, not to the reference.
+# Not equal with more than 2 ranks: smddp sums float16 in float32 and rounds once, gloo rounds
+# after every addition; the difference stays within a few float16 ulps.
+case("fp16_compress_hook", vs_reference=False, rtol_gloo=1e-6 if W <= 2 else 2e-3,
+     hook=default_hooks.fp16_compress_hook)
 # BatchNorm statistics are per rank: buffers are broadcast from rank 0, so compare with gloo only.
 case("broadcast_buffers", vs_reference=False, model_kwargs={"bn": True}, ddp_kwargs={"broadcast_buffers": True})
 case("float32", vs_reference=False, dtype=torch.float32)

@@ -41,13 +41,23 @@ def _create_backend(dist_backend_opts, pg_options=None):
         _launch.ensure_daemon(dist_backend_opts.store, dist_backend_opts.group_rank, dist_backend_opts.group_size)
     timeout = dist_backend_opts.timeout
     timeout_s = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
-    return ext.create_process_group(
+    pg = ext.create_process_group(
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,
         timeout_s,
         str(dist_backend_opts.group_id),
         global_ranks,
     )
+    if not global_ranks:
+        # Keeps the process attached to its daemon across destroy_process_group(): a rank
+        # cannot register with a daemon again once it detached, so a later
+        # init_process_group reuses this attachment. Released when the interpreter exits.
+        global _world_keepalive
+        _world_keepalive = pg
+    return pg
+
+
+_world_keepalive = None
 
 
 def _register():
