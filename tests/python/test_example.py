@@ -10,7 +10,7 @@ from conftest import LAUNCHERS, SOURCE_ROOT, run_job
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_train_ddp_example(launcher):
-    job = run_job(os.path.join(SOURCE_ROOT, "examples", "train_ddp.py"), 2, args=["--steps", "10"], launcher=launcher)
+    job = run_job(os.path.join(SOURCE_ROOT, "examples", "train_ddp.py"), 2, args=["--steps", "10", "--device", "cpu"], launcher=launcher)
     assert job.returncode == 0, job.output[-3000:]
     losses = [float(m) for m in re.findall(r"step +\d+ +loss ([0-9.]+)", job.output)]
     assert len(losses) == 10 and losses[-1] < losses[0], losses

@@ -74,7 +74,13 @@ def reference_reduce(stack, op, dname):
 
 def torch_op(op, tensor_factor=False):
     if op == "PREMUL":
-        return dist._make_nccl_premul_sum([torch.tensor([0.5], dtype=torch.float64)] if tensor_factor else 0.5)
+        if not tensor_factor:
+            return dist._make_nccl_premul_sum(0.5)
+        factor = torch.tensor([0.5], dtype=torch.float64)
+        try:  # 1.13 takes a list of tensors, 2.x one tensor
+            return dist._make_nccl_premul_sum([factor])
+        except TypeError:
+            return dist._make_nccl_premul_sum(factor)
     return {"SUM": dist.ReduceOp.SUM, "AVG": dist.ReduceOp.AVG, "PRODUCT": dist.ReduceOp.PRODUCT,
             "MIN": dist.ReduceOp.MIN, "MAX": dist.ReduceOp.MAX, "BAND": dist.ReduceOp.BAND,
             "BOR": dist.ReduceOp.BOR, "BXOR": dist.ReduceOp.BXOR}[op]
@@ -379,6 +385,9 @@ def check_barrier():
 
 def check_sequence_number():
     pg = dist.distributed_c10d._get_default_group()
+    if hasattr(pg, "_get_backend"):
+        # 2.x: the ProcessGroup router answers only for gloo/nccl/ucc; ask our backend.
+        pg = pg._get_backend(torch.device("cpu"))
     a = pg._get_sequence_number_for_group()
     dist.all_reduce(torch.ones(1))
     b = pg._get_sequence_number_for_group()
