@@ -129,22 +129,6 @@ c10::intrusive_ptr<WorkSMDDP> ProcessGroupSMDDP::make_work(c10d::OpType type, co
   return c10::make_intrusive<WorkSMDDP>(rank_, type, op, std::move(outputs));
 }
 
-// Every entry point torch calls goes through guarded(): an error becomes a Work that has
-// already failed, raised by wait() (and set on the Future). torch 2.11 crashes (SIGSEGV) when
-// a C++ exception leaves a Backend method through its bindings; through Work::wait it is fine.
-// Synchronous calls wait at once, so the caller still sees the error at the call.
-template <typename Body>
-c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::guarded(const char* op, Body&& body) {
-  try {
-    return body();
-  } catch (...) {
-    auto work = make_work(c10d::OpType::UNKNOWN, op, {});
-    work->set_epilogue([error = std::current_exception()] { std::rethrow_exception(error); });
-    work->arm();
-    return work;
-  }
-}
-
 template <typename Body>
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::run(const c10::intrusive_ptr<WorkSMDDP>& work, Body&& body) {
   try {
@@ -194,140 +178,130 @@ uint64_t ProcessGroupSMDDP::getSequenceNumberForGroup() { return sequence_.load(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  return guarded("broadcast", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "broadcast";
-    check_single(op, tensors, "tensor");
-    check_tensor(op, tensors[0], "tensor");
-    check_rank(op, opts.rootRank, size_, "root rank");
-    if (opts.rootTensor != 0) {
-      throw_invalid(op, "root tensor index must be 0 (one tensor per process)");
-    }
-    require_supported_path(op, common_device_path(op, tensors));
-    auto& t = tensors[0];
-    const auto dtype = smddp_dtype(op, t, "tensor");
-    auto work = make_work(c10d::OpType::BROADCAST, op, tensors);
-    return run(work, [&](WorkSMDDP& w) {
-      w.keep_alive(t);
-      w.add_op(comm_->broadcast(data_of(t), count_of(t), dtype, static_cast<int>(opts.rootRank),
-                                call_options(opts.timeout)));
-    });
+  const char* op = "broadcast";
+  check_single(op, tensors, "tensor");
+  check_tensor(op, tensors[0], "tensor");
+  check_rank(op, opts.rootRank, size_, "root rank");
+  if (opts.rootTensor != 0) {
+    throw_invalid(op, "root tensor index must be 0 (one tensor per process)");
+  }
+  require_supported_path(op, common_device_path(op, tensors));
+  auto& t = tensors[0];
+  const auto dtype = smddp_dtype(op, t, "tensor");
+  auto work = make_work(c10d::OpType::BROADCAST, op, tensors);
+  return run(work, [&](WorkSMDDP& w) {
+    w.keep_alive(t);
+    w.add_op(comm_->broadcast(data_of(t), count_of(t), dtype, static_cast<int>(opts.rootRank),
+                              call_options(opts.timeout)));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  return guarded("allreduce", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "allreduce";
-    check_single(op, tensors, "tensor");
-    check_tensor(op, tensors[0], "tensor");
-    require_supported_path(op, common_device_path(op, tensors));
-    auto& t = tensors[0];
-    const auto dtype = smddp_dtype(op, t, "tensor");
-    const auto spec = reduce_spec(op, opts.reduceOp, dtype);
-    auto work = make_work(c10d::OpType::ALLREDUCE, op, tensors);
-    return run(work, [&](WorkSMDDP& w) {
-      w.keep_alive(t);
-      w.add_op(comm_->allreduce(data_of(t), data_of(t), count_of(t), dtype, spec.op,
-                                call_options(opts.timeout, spec.scale)));
-    });
+  const char* op = "allreduce";
+  check_single(op, tensors, "tensor");
+  check_tensor(op, tensors[0], "tensor");
+  require_supported_path(op, common_device_path(op, tensors));
+  auto& t = tensors[0];
+  const auto dtype = smddp_dtype(op, t, "tensor");
+  const auto spec = reduce_spec(op, opts.reduceOp, dtype);
+  auto work = make_work(c10d::OpType::ALLREDUCE, op, tensors);
+  return run(work, [&](WorkSMDDP& w) {
+    w.keep_alive(t);
+    w.add_op(comm_->allreduce(data_of(t), data_of(t), count_of(t), dtype, spec.op,
+                              call_options(opts.timeout, spec.scale)));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
-  return guarded("allreduce_coalesced", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "allreduce_coalesced";
-    if (tensors.empty()) {
-      throw_invalid(op, "needs at least one tensor");
+  const char* op = "allreduce_coalesced";
+  if (tensors.empty()) {
+    throw_invalid(op, "needs at least one tensor");
+  }
+  check_all(op, tensors, "tensors");
+  require_supported_path(op, common_device_path(op, tensors));
+  std::vector<ReduceSpec> specs;
+  bool one_dtype = true;
+  for (const auto& t : tensors) {
+    specs.push_back(reduce_spec(op, opts.reduceOp, smddp_dtype(op, t, "tensor")));
+    one_dtype = one_dtype && t.scalar_type() == tensors.front().scalar_type();
+  }
+  auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, op, tensors);
+  return run(work, [&](WorkSMDDP& w) {
+    if (one_dtype) {
+      // One reduction over a flat staging copy, scattered back when done.
+      auto flat = flatten(tensors);
+      const auto dtype = smddp_dtype(op, flat, "tensor");
+      w.keep_alive(flat);
+      w.set_epilogue([flat, outputs = tensors]() mutable { unflatten_into(flat, outputs); });
+      w.add_op(comm_->allreduce(data_of(flat), data_of(flat), count_of(flat), dtype, specs[0].op,
+                                call_options(opts.timeout, specs[0].scale)));
+      return;
     }
-    check_all(op, tensors, "tensors");
-    require_supported_path(op, common_device_path(op, tensors));
-    std::vector<ReduceSpec> specs;
-    bool one_dtype = true;
-    for (const auto& t : tensors) {
-      specs.push_back(reduce_spec(op, opts.reduceOp, smddp_dtype(op, t, "tensor")));
-      one_dtype = one_dtype && t.scalar_type() == tensors.front().scalar_type();
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      auto& t = tensors[i];
+      w.keep_alive(t);
+      w.add_op(comm_->allreduce(data_of(t), data_of(t), count_of(t), smddp_dtype(op, t, "tensor"), specs[i].op,
+                                call_options(opts.timeout, specs[i].scale)));
     }
-    auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, op, tensors);
-    return run(work, [&](WorkSMDDP& w) {
-      if (one_dtype) {
-        // One reduction over a flat staging copy, scattered back when done.
-        auto flat = flatten(tensors);
-        const auto dtype = smddp_dtype(op, flat, "tensor");
-        w.keep_alive(flat);
-        w.set_epilogue([flat, outputs = tensors]() mutable { unflatten_into(flat, outputs); });
-        w.add_op(comm_->allreduce(data_of(flat), data_of(flat), count_of(flat), dtype, specs[0].op,
-                                  call_options(opts.timeout, specs[0].scale)));
-        return;
-      }
-      for (std::size_t i = 0; i < tensors.size(); ++i) {
-        auto& t = tensors[i];
-        w.keep_alive(t);
-        w.add_op(comm_->allreduce(data_of(t), data_of(t), count_of(t), smddp_dtype(op, t, "tensor"), specs[i].op,
-                                  call_options(opts.timeout, specs[i].scale)));
-      }
-    });
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  return guarded("reduce", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "reduce";
-    check_single(op, tensors, "tensor");
-    check_tensor(op, tensors[0], "tensor");
-    check_rank(op, opts.rootRank, size_, "root rank");
-    if (opts.rootTensor != 0) {
-      throw_invalid(op, "root tensor index must be 0 (one tensor per process)");
-    }
-    require_supported_path(op, common_device_path(op, tensors));
-    auto& t = tensors[0];
-    const auto dtype = smddp_dtype(op, t, "tensor");
-    const auto spec = reduce_spec(op, opts.reduceOp, dtype);
-    const int root = static_cast<int>(opts.rootRank);
-    auto work = make_work(c10d::OpType::REDUCE, op, tensors);
-    return run(work, [&](WorkSMDDP& w) {
-      w.keep_alive(t);
-      w.add_op(comm_->reduce(data_of(t), rank_ == root ? data_of(t) : nullptr, count_of(t), dtype, spec.op, root,
-                             call_options(opts.timeout, spec.scale)));
-    });
+  const char* op = "reduce";
+  check_single(op, tensors, "tensor");
+  check_tensor(op, tensors[0], "tensor");
+  check_rank(op, opts.rootRank, size_, "root rank");
+  if (opts.rootTensor != 0) {
+    throw_invalid(op, "root tensor index must be 0 (one tensor per process)");
+  }
+  require_supported_path(op, common_device_path(op, tensors));
+  auto& t = tensors[0];
+  const auto dtype = smddp_dtype(op, t, "tensor");
+  const auto spec = reduce_spec(op, opts.reduceOp, dtype);
+  const int root = static_cast<int>(opts.rootRank);
+  auto work = make_work(c10d::OpType::REDUCE, op, tensors);
+  return run(work, [&](WorkSMDDP& w) {
+    w.keep_alive(t);
+    w.add_op(comm_->reduce(data_of(t), rank_ == root ? data_of(t) : nullptr, count_of(t), dtype, spec.op, root,
+                           call_options(opts.timeout, spec.scale)));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  return guarded("allgather", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "allgather";
-    check_single(op, inputs, "input");
-    check_tensor(op, inputs[0], "input tensor");
-    if (outputs.size() != 1) {
-      throw_invalid(op, "expects one output tensor list, got " + std::to_string(outputs.size()));
-    }
-    auto& out = outputs[0];
-    if (static_cast<int>(out.size()) != size_) {
-      throw_invalid(op, "output tensor list has " + std::to_string(out.size()) + " tensors, expected one per rank (" +
-                            std::to_string(size_) + ")");
-    }
-    check_all(op, out, "output_tensor_list");
-    auto& in = inputs[0];
-    for (int r = 0; r < size_; ++r) {
-      const auto name = "output_tensor_list[" + std::to_string(r) + "]";
-      check_dtype_as(op, out[r], in, name, "the input tensor");
-      check_numel(op, out[r], in.numel(), name, "(as many as the input tensor)");
-    }
-    require_supported_path(op, common_device_path(op, concat(out, inputs)));
-    const auto dtype = smddp_dtype(op, in, "input tensor");
-    auto work = make_work(c10d::OpType::ALLGATHER, op, out);
-    return run(work, [&](WorkSMDDP& w) {
-      auto flat = at::empty({size_ * in.numel()}, in.options());
-      w.keep_alive(in);
-      w.keep_alive(flat);
-      w.set_epilogue([flat, outputs = out]() mutable { unflatten_into(flat, outputs); });
-      auto co = call_options(opts.timeout);
-      co.sdp = sdp_allgather_;
-      w.add_op(comm_->allgather(data_of(in), data_of(flat), count_of(in), dtype, co));
-    });
+  const char* op = "allgather";
+  check_single(op, inputs, "input");
+  check_tensor(op, inputs[0], "input tensor");
+  if (outputs.size() != 1) {
+    throw_invalid(op, "expects one output tensor list, got " + std::to_string(outputs.size()));
+  }
+  auto& out = outputs[0];
+  if (static_cast<int>(out.size()) != size_) {
+    throw_invalid(op, "output tensor list has " + std::to_string(out.size()) + " tensors, expected one per rank (" +
+                          std::to_string(size_) + ")");
+  }
+  check_all(op, out, "output_tensor_list");
+  auto& in = inputs[0];
+  for (int r = 0; r < size_; ++r) {
+    const auto name = "output_tensor_list[" + std::to_string(r) + "]";
+    check_dtype_as(op, out[r], in, name, "the input tensor");
+    check_numel(op, out[r], in.numel(), name, "(as many as the input tensor)");
+  }
+  require_supported_path(op, common_device_path(op, concat(out, inputs)));
+  const auto dtype = smddp_dtype(op, in, "input tensor");
+  auto work = make_work(c10d::OpType::ALLGATHER, op, out);
+  return run(work, [&](WorkSMDDP& w) {
+    auto flat = at::empty({size_ * in.numel()}, in.options());
+    w.keep_alive(in);
+    w.keep_alive(flat);
+    w.set_epilogue([flat, outputs = out]() mutable { unflatten_into(flat, outputs); });
+    auto co = call_options(opts.timeout);
+    co.sdp = sdp_allgather_;
+    w.add_op(comm_->allgather(data_of(in), data_of(flat), count_of(in), dtype, co));
   });
 }
 
@@ -362,173 +336,163 @@ void check_reduce_scatter_base(const char* op, const at::Tensor& output, const a
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  return guarded("allgather_base", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "_allgather_base";
-    check_allgather_base(op, output, input, size_, "");
-    require_supported_path(op, common_device_path(op, {output, input}));
-    auto work = make_work(c10d::OpType::_ALLGATHER_BASE, op, {output});
-    return run(work, [&](WorkSMDDP& w) { add_allgather_base(w, op, output, input, opts); });
-  });
+  const char* op = "_allgather_base";
+  check_allgather_base(op, output, input, size_, "");
+  require_supported_path(op, common_device_path(op, {output, input}));
+  auto work = make_work(c10d::OpType::_ALLGATHER_BASE, op, {output});
+  return run(work, [&](WorkSMDDP& w) { add_allgather_base(w, op, output, input, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return guarded("allgather_coalesced", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "allgather_coalesced";
-    if (inputs.empty()) {
-      throw_invalid(op, "needs at least one input tensor");
+  const char* op = "allgather_coalesced";
+  if (inputs.empty()) {
+    throw_invalid(op, "needs at least one input tensor");
+  }
+  check_all(op, inputs, "input_tensor_list");
+  check_same_dtype(op, inputs, "input tensors");
+  if (static_cast<int>(output_lists.size()) != size_) {
+    throw_invalid(op, "output_tensor_lists has " + std::to_string(output_lists.size()) +
+                          " lists, expected one per rank (" + std::to_string(size_) + ")");
+  }
+  std::vector<at::Tensor> all_outputs;
+  for (int r = 0; r < size_; ++r) {
+    auto& list = output_lists[r];
+    if (list.size() != inputs.size()) {
+      throw_invalid(op, "output_tensor_lists[" + std::to_string(r) + "] has " + std::to_string(list.size()) +
+                            " tensors, expected " + std::to_string(inputs.size()) + " (one per input)");
     }
-    check_all(op, inputs, "input_tensor_list");
-    check_same_dtype(op, inputs, "input tensors");
-    if (static_cast<int>(output_lists.size()) != size_) {
-      throw_invalid(op, "output_tensor_lists has " + std::to_string(output_lists.size()) +
-                            " lists, expected one per rank (" + std::to_string(size_) + ")");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const auto name = "output_tensor_lists[" + std::to_string(r) + "][" + std::to_string(i) + "]";
+      check_tensor(op, list[i], name);
+      check_dtype_as(op, list[i], inputs[i], name, "the input");
+      check_numel(op, list[i], inputs[i].numel(), name, "(as many as input " + std::to_string(i) + ")");
+      all_outputs.push_back(list[i]);
     }
-    std::vector<at::Tensor> all_outputs;
-    for (int r = 0; r < size_; ++r) {
-      auto& list = output_lists[r];
-      if (list.size() != inputs.size()) {
-        throw_invalid(op, "output_tensor_lists[" + std::to_string(r) + "] has " + std::to_string(list.size()) +
-                              " tensors, expected " + std::to_string(inputs.size()) + " (one per input)");
-      }
-      for (std::size_t i = 0; i < list.size(); ++i) {
-        const auto name = "output_tensor_lists[" + std::to_string(r) + "][" + std::to_string(i) + "]";
-        check_tensor(op, list[i], name);
-        check_dtype_as(op, list[i], inputs[i], name, "the input");
-        check_numel(op, list[i], inputs[i].numel(), name, "(as many as input " + std::to_string(i) + ")");
-        all_outputs.push_back(list[i]);
-      }
-    }
-    require_supported_path(op, common_device_path(op, concat(all_outputs, inputs)));
-    auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, op, all_outputs);
-    return run(work, [&](WorkSMDDP& w) {
-      auto flat_in = flatten(inputs);
-      auto flat_out = at::empty({size_ * flat_in.numel()}, flat_in.options());
-      w.keep_alive(flat_in);
-      w.keep_alive(flat_out);
-      // all_outputs is rank-major, input-minor: exactly the gathered layout.
-      w.set_epilogue([flat_out, outputs = all_outputs]() mutable { unflatten_into(flat_out, outputs); });
-      auto co = call_options(opts.timeout);
-      co.sdp = sdp_allgather_;
-      w.add_op(comm_->allgather(data_of(flat_in), data_of(flat_out), count_of(flat_in),
-                                smddp_dtype(op, flat_in, "input"), co));
-    });
+  }
+  require_supported_path(op, common_device_path(op, concat(all_outputs, inputs)));
+  auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, op, all_outputs);
+  return run(work, [&](WorkSMDDP& w) {
+    auto flat_in = flatten(inputs);
+    auto flat_out = at::empty({size_ * flat_in.numel()}, flat_in.options());
+    w.keep_alive(flat_in);
+    w.keep_alive(flat_out);
+    // all_outputs is rank-major, input-minor: exactly the gathered layout.
+    w.set_epilogue([flat_out, outputs = all_outputs]() mutable { unflatten_into(flat_out, outputs); });
+    auto co = call_options(opts.timeout);
+    co.sdp = sdp_allgather_;
+    w.add_op(comm_->allgather(data_of(flat_in), data_of(flat_out), count_of(flat_in),
+                              smddp_dtype(op, flat_in, "input"), co));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  return guarded("gather", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "gather";
-    check_single(op, inputs, "input");
-    check_tensor(op, inputs[0], "input tensor");
-    check_rank(op, opts.rootRank, size_, "root rank");
-    const int root = static_cast<int>(opts.rootRank);
-    auto& in = inputs[0];
-    std::vector<at::Tensor> out;
-    if (rank_ == root) {
-      if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
-        throw_invalid(op, "the root needs one gather_list of " + std::to_string(size_) + " tensors");
-      }
-      out = outputs[0];
-      check_all(op, out, "gather_list");
-      for (int r = 0; r < size_; ++r) {
-        const auto name = "gather_list[" + std::to_string(r) + "]";
-        check_dtype_as(op, out[r], in, name, "the input tensor");
-        check_numel(op, out[r], in.numel(), name, "(as many as the input tensor)");
-      }
-    } else if (!outputs.empty() && !outputs[0].empty()) {
-      throw_invalid(op, "only the root (rank " + std::to_string(root) + ") may pass a gather_list");
+  const char* op = "gather";
+  check_single(op, inputs, "input");
+  check_tensor(op, inputs[0], "input tensor");
+  check_rank(op, opts.rootRank, size_, "root rank");
+  const int root = static_cast<int>(opts.rootRank);
+  auto& in = inputs[0];
+  std::vector<at::Tensor> out;
+  if (rank_ == root) {
+    if (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != size_) {
+      throw_invalid(op, "the root needs one gather_list of " + std::to_string(size_) + " tensors");
     }
-    require_supported_path(op, common_device_path(op, concat(out, inputs)));
-    const auto dtype = smddp_dtype(op, in, "input tensor");
-    auto work = make_work(c10d::OpType::GATHER, op, out);
-    return run(work, [&](WorkSMDDP& w) {
-      w.keep_alive(in);
-      at::Tensor flat;
-      if (rank_ == root) {
-        flat = at::empty({size_ * in.numel()}, in.options());
-        w.keep_alive(flat);
-        w.set_epilogue([flat, outputs = out]() mutable { unflatten_into(flat, outputs); });
-      }
-      w.add_op(comm_->gather(data_of(in), flat.defined() ? data_of(flat) : nullptr, count_of(in), dtype, root,
-                             call_options(opts.timeout)));
-    });
+    out = outputs[0];
+    check_all(op, out, "gather_list");
+    for (int r = 0; r < size_; ++r) {
+      const auto name = "gather_list[" + std::to_string(r) + "]";
+      check_dtype_as(op, out[r], in, name, "the input tensor");
+      check_numel(op, out[r], in.numel(), name, "(as many as the input tensor)");
+    }
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    throw_invalid(op, "only the root (rank " + std::to_string(root) + ") may pass a gather_list");
+  }
+  require_supported_path(op, common_device_path(op, concat(out, inputs)));
+  const auto dtype = smddp_dtype(op, in, "input tensor");
+  auto work = make_work(c10d::OpType::GATHER, op, out);
+  return run(work, [&](WorkSMDDP& w) {
+    w.keep_alive(in);
+    at::Tensor flat;
+    if (rank_ == root) {
+      flat = at::empty({size_ * in.numel()}, in.options());
+      w.keep_alive(flat);
+      w.set_epilogue([flat, outputs = out]() mutable { unflatten_into(flat, outputs); });
+    }
+    w.add_op(comm_->gather(data_of(in), flat.defined() ? data_of(flat) : nullptr, count_of(in), dtype, root,
+                           call_options(opts.timeout)));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  return guarded("scatter", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "scatter";
-    check_single(op, outputs, "output");
-    check_tensor(op, outputs[0], "output tensor");
-    check_rank(op, opts.rootRank, size_, "root rank");
-    const int root = static_cast<int>(opts.rootRank);
-    auto& out = outputs[0];
-    std::vector<at::Tensor> in;
-    if (rank_ == root) {
-      if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
-        throw_invalid(op, "the root needs one scatter_list of " + std::to_string(size_) + " tensors");
-      }
-      in = inputs[0];
-      check_all(op, in, "scatter_list");
-      for (int r = 0; r < size_; ++r) {
-        const auto name = "scatter_list[" + std::to_string(r) + "]";
-        check_dtype_as(op, in[r], out, name, "the output tensor");
-        check_numel(op, in[r], out.numel(), name, "(as many as the output tensor)");
-      }
-    } else if (!inputs.empty() && !inputs[0].empty()) {
-      throw_invalid(op, "only the root (rank " + std::to_string(root) + ") may pass a scatter_list");
+  const char* op = "scatter";
+  check_single(op, outputs, "output");
+  check_tensor(op, outputs[0], "output tensor");
+  check_rank(op, opts.rootRank, size_, "root rank");
+  const int root = static_cast<int>(opts.rootRank);
+  auto& out = outputs[0];
+  std::vector<at::Tensor> in;
+  if (rank_ == root) {
+    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+      throw_invalid(op, "the root needs one scatter_list of " + std::to_string(size_) + " tensors");
     }
-    require_supported_path(op, common_device_path(op, concat(in, outputs)));
-    const auto dtype = smddp_dtype(op, out, "output tensor");
-    auto work = make_work(c10d::OpType::SCATTER, op, outputs);
-    return run(work, [&](WorkSMDDP& w) {
-      w.keep_alive(out);
-      at::Tensor flat;
-      if (rank_ == root) {
-        flat = flatten(in);
-        w.keep_alive(flat);
-      }
-      w.add_op(comm_->scatter(flat.defined() ? data_of(flat) : nullptr, data_of(out), count_of(out), dtype, root,
-                              call_options(opts.timeout)));
-    });
+    in = inputs[0];
+    check_all(op, in, "scatter_list");
+    for (int r = 0; r < size_; ++r) {
+      const auto name = "scatter_list[" + std::to_string(r) + "]";
+      check_dtype_as(op, in[r], out, name, "the output tensor");
+      check_numel(op, in[r], out.numel(), name, "(as many as the output tensor)");
+    }
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    throw_invalid(op, "only the root (rank " + std::to_string(root) + ") may pass a scatter_list");
+  }
+  require_supported_path(op, common_device_path(op, concat(in, outputs)));
+  const auto dtype = smddp_dtype(op, out, "output tensor");
+  auto work = make_work(c10d::OpType::SCATTER, op, outputs);
+  return run(work, [&](WorkSMDDP& w) {
+    w.keep_alive(out);
+    at::Tensor flat;
+    if (rank_ == root) {
+      flat = flatten(in);
+      w.keep_alive(flat);
+    }
+    w.add_op(comm_->scatter(flat.defined() ? data_of(flat) : nullptr, data_of(out), count_of(out), dtype, root,
+                            call_options(opts.timeout)));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  return guarded("reduce_scatter", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "reduce_scatter";
-    check_single(op, outputs, "output");
-    check_tensor(op, outputs[0], "output tensor");
-    if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
-      throw_invalid(op, "expects one input_list of " + std::to_string(size_) + " tensors (one per rank)");
-    }
-    auto& out = outputs[0];
-    auto& in = inputs[0];
-    check_all(op, in, "input_list");
-    for (int r = 0; r < size_; ++r) {
-      const auto name = "input_list[" + std::to_string(r) + "]";
-      check_dtype_as(op, in[r], out, name, "the output tensor");
-      check_numel(op, in[r], out.numel(), name, "(as many as the output tensor)");
-    }
-    require_supported_path(op, common_device_path(op, concat(in, outputs)));
-    const auto dtype = smddp_dtype(op, out, "output tensor");
-    const auto spec = reduce_spec(op, opts.reduceOp, dtype);
-    auto work = make_work(c10d::OpType::REDUCE_SCATTER, op, outputs);
-    return run(work, [&](WorkSMDDP& w) {
-      auto flat = flatten(in);
-      w.keep_alive(flat);
-      w.keep_alive(out);
-      w.add_op(comm_->reduce_scatter(data_of(flat), data_of(out), count_of(out), dtype, spec.op,
-                                     call_options(opts.timeout, spec.scale)));
-    });
+  const char* op = "reduce_scatter";
+  check_single(op, outputs, "output");
+  check_tensor(op, outputs[0], "output tensor");
+  if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
+    throw_invalid(op, "expects one input_list of " + std::to_string(size_) + " tensors (one per rank)");
+  }
+  auto& out = outputs[0];
+  auto& in = inputs[0];
+  check_all(op, in, "input_list");
+  for (int r = 0; r < size_; ++r) {
+    const auto name = "input_list[" + std::to_string(r) + "]";
+    check_dtype_as(op, in[r], out, name, "the output tensor");
+    check_numel(op, in[r], out.numel(), name, "(as many as the output tensor)");
+  }
+  require_supported_path(op, common_device_path(op, concat(in, outputs)));
+  const auto dtype = smddp_dtype(op, out, "output tensor");
+  const auto spec = reduce_spec(op, opts.reduceOp, dtype);
+  auto work = make_work(c10d::OpType::REDUCE_SCATTER, op, outputs);
+  return run(work, [&](WorkSMDDP& w) {
+    auto flat = flatten(in);
+    w.keep_alive(flat);
+    w.keep_alive(out);
+    w.add_op(comm_->reduce_scatter(data_of(flat), data_of(out), count_of(out), dtype, spec.op,
+                                   call_options(opts.timeout, spec.scale)));
   });
 }
 
@@ -544,14 +508,12 @@ void ProcessGroupSMDDP::add_reduce_scatter_base(WorkSMDDP& w, const char* op, at
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  return guarded("reduce_scatter_base", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "_reduce_scatter_base";
-    check_reduce_scatter_base(op, output, input, size_, "");
-    require_supported_path(op, common_device_path(op, {output, input}));
-    reduce_spec(op, opts.reduceOp, smddp_dtype(op, output, "output"));
-    auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, op, {output});
-    return run(work, [&](WorkSMDDP& w) { add_reduce_scatter_base(w, op, output, input, opts); });
-  });
+  const char* op = "_reduce_scatter_base";
+  check_reduce_scatter_base(op, output, input, size_, "");
+  require_supported_path(op, common_device_path(op, {output, input}));
+  reduce_spec(op, opts.reduceOp, smddp_dtype(op, output, "output"));
+  auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, op, {output});
+  return run(work, [&](WorkSMDDP& w) { add_reduce_scatter_base(w, op, output, input, opts); });
 }
 
 namespace {
@@ -599,127 +561,115 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& output_splits,
                                                                 std::vector<int64_t>& input_splits,
                                                                 const c10d::AllToAllOptions& opts) {
-  return guarded("alltoall_base", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "alltoall_base";
-    check_tensor(op, input, "input tensor");
-    check_tensor(op, output, "output tensor");
-    check_dtype_as(op, output, input, "output tensor", "the input tensor");
-    require_supported_path(op, common_device_path(op, {output, input}));
-    const auto dtype = smddp_dtype(op, input, "input tensor");
-    const bool even = output_splits.empty() && input_splits.empty();
-    std::vector<std::uint64_t> send_counts;
-    std::vector<std::uint64_t> recv_counts;
-    if (even) {
-      check_numel(op, output, input.numel(), "output tensor", "(as many as the input tensor for an even split)");
-      if (input.numel() % size_ != 0) {
-        throw_invalid(op, "input tensor has " + std::to_string(input.numel()) +
-                              " elements, which does not split evenly over " + std::to_string(size_) + " ranks");
-      }
-    } else {
-      send_counts = alltoall_counts(op, input, input_splits, size_, "input tensor");
-      recv_counts = alltoall_counts(op, output, output_splits, size_, "output tensor");
+  const char* op = "alltoall_base";
+  check_tensor(op, input, "input tensor");
+  check_tensor(op, output, "output tensor");
+  check_dtype_as(op, output, input, "output tensor", "the input tensor");
+  require_supported_path(op, common_device_path(op, {output, input}));
+  const auto dtype = smddp_dtype(op, input, "input tensor");
+  const bool even = output_splits.empty() && input_splits.empty();
+  std::vector<std::uint64_t> send_counts;
+  std::vector<std::uint64_t> recv_counts;
+  if (even) {
+    check_numel(op, output, input.numel(), "output tensor", "(as many as the input tensor for an even split)");
+    if (input.numel() % size_ != 0) {
+      throw_invalid(op, "input tensor has " + std::to_string(input.numel()) +
+                            " elements, which does not split evenly over " + std::to_string(size_) + " ranks");
     }
-    auto work = make_work(c10d::OpType::ALLTOALL_BASE, op, {output});
-    return run(work, [&](WorkSMDDP& w) {
-      w.keep_alive(input);
-      w.keep_alive(output);
-      if (even) {
-        w.add_op(comm_->alltoall(data_of(input), data_of(output), count_of(input) / size_, dtype,
-                                 call_options(opts.timeout)));
-      } else {
-        w.add_op(comm_->alltoallv(data_of(input), send_counts, data_of(output), recv_counts, dtype,
-                                  call_options(opts.timeout)));
-      }
-    });
+  } else {
+    send_counts = alltoall_counts(op, input, input_splits, size_, "input tensor");
+    recv_counts = alltoall_counts(op, output, output_splits, size_, "output tensor");
+  }
+  auto work = make_work(c10d::OpType::ALLTOALL_BASE, op, {output});
+  return run(work, [&](WorkSMDDP& w) {
+    w.keep_alive(input);
+    w.keep_alive(output);
+    if (even) {
+      w.add_op(comm_->alltoall(data_of(input), data_of(output), count_of(input) / size_, dtype,
+                               call_options(opts.timeout)));
+    } else {
+      w.add_op(comm_->alltoallv(data_of(input), send_counts, data_of(output), recv_counts, dtype,
+                                call_options(opts.timeout)));
+    }
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  return guarded("alltoall", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "alltoall";
-    if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
-      throw_invalid(op, "expects " + std::to_string(size_) + " input and output tensors (one per rank), got " +
-                            std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
-    }
-    check_all(op, inputs, "input_tensor_list");
-    check_all(op, outputs, "output_tensor_list");
-    check_same_dtype(op, concat(inputs, outputs), "input and output tensors");
-    require_supported_path(op, common_device_path(op, concat(inputs, outputs)));
-    const auto dtype = smddp_dtype(op, inputs[0], "input");
-    std::vector<std::uint64_t> send_counts;
-    std::vector<std::uint64_t> recv_counts;
-    for (int p = 0; p < size_; ++p) {
-      send_counts.push_back(count_of(inputs[p]));
-      recv_counts.push_back(count_of(outputs[p]));
-    }
-    const auto recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::uint64_t{0});
-    auto work = make_work(c10d::OpType::ALLTOALL, op, outputs);
-    return run(work, [&](WorkSMDDP& w) {
-      auto flat_in = flatten(inputs);
-      auto flat_out = at::empty({static_cast<int64_t>(recv_total)}, inputs[0].options());
-      w.keep_alive(flat_in);
-      w.keep_alive(flat_out);
-      w.set_epilogue([flat_out, outs = outputs]() mutable { unflatten_into(flat_out, outs); });
-      w.add_op(comm_->alltoallv(data_of(flat_in), send_counts, data_of(flat_out), recv_counts, dtype,
-                                call_options(opts.timeout)));
-    });
+  const char* op = "alltoall";
+  if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
+    throw_invalid(op, "expects " + std::to_string(size_) + " input and output tensors (one per rank), got " +
+                          std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
+  }
+  check_all(op, inputs, "input_tensor_list");
+  check_all(op, outputs, "output_tensor_list");
+  check_same_dtype(op, concat(inputs, outputs), "input and output tensors");
+  require_supported_path(op, common_device_path(op, concat(inputs, outputs)));
+  const auto dtype = smddp_dtype(op, inputs[0], "input");
+  std::vector<std::uint64_t> send_counts;
+  std::vector<std::uint64_t> recv_counts;
+  for (int p = 0; p < size_; ++p) {
+    send_counts.push_back(count_of(inputs[p]));
+    recv_counts.push_back(count_of(outputs[p]));
+  }
+  const auto recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::uint64_t{0});
+  auto work = make_work(c10d::OpType::ALLTOALL, op, outputs);
+  return run(work, [&](WorkSMDDP& w) {
+    auto flat_in = flatten(inputs);
+    auto flat_out = at::empty({static_cast<int64_t>(recv_total)}, inputs[0].options());
+    w.keep_alive(flat_in);
+    w.keep_alive(flat_out);
+    w.set_epilogue([flat_out, outs = outputs]() mutable { unflatten_into(flat_out, outs); });
+    w.add_op(comm_->alltoallv(data_of(flat_in), send_counts, data_of(flat_out), recv_counts, dtype,
+                              call_options(opts.timeout)));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::barrier(const c10d::BarrierOptions& opts) {
-  return guarded("barrier", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    // device_ids only say which GPU a NCCL barrier would use; the daemon's barrier needs none.
-    auto work = make_work(c10d::OpType::BARRIER, "barrier", {});
-    return run(work, [&](WorkSMDDP& w) { w.add_op(comm_->barrier(call_options(opts.timeout))); });
-  });
+  // device_ids only say which GPU a NCCL barrier would use; the daemon's barrier needs none.
+  auto work = make_work(c10d::OpType::BARRIER, "barrier", {});
+  return run(work, [&](WorkSMDDP& w) { w.add_op(comm_->barrier(call_options(opts.timeout))); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  return guarded("send", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "send";
-    check_single(op, tensors, "tensor");
-    check_tensor(op, tensors[0], "tensor");
-    check_rank(op, dst_rank, size_, "destination rank");
-    if (dst_rank == rank_) {
-      throw_invalid(op, "a rank cannot send to itself (rank " + std::to_string(rank_) + ")");
-    }
-    require_supported_path(op, common_device_path(op, tensors));
-    auto& t = tensors[0];
-    const auto dtype = smddp_dtype(op, t, "tensor");
-    auto work = make_work(c10d::OpType::SEND, op, tensors);
-    return run(work, [&](WorkSMDDP& w) {
-      w.keep_alive(t);
-      w.add_op(comm_->send(data_of(t), count_of(t), dtype, dst_rank, tag, call_options(c10d::kUnsetTimeout)));
-    });
+  const char* op = "send";
+  check_single(op, tensors, "tensor");
+  check_tensor(op, tensors[0], "tensor");
+  check_rank(op, dst_rank, size_, "destination rank");
+  if (dst_rank == rank_) {
+    throw_invalid(op, "a rank cannot send to itself (rank " + std::to_string(rank_) + ")");
+  }
+  require_supported_path(op, common_device_path(op, tensors));
+  auto& t = tensors[0];
+  const auto dtype = smddp_dtype(op, t, "tensor");
+  auto work = make_work(c10d::OpType::SEND, op, tensors);
+  return run(work, [&](WorkSMDDP& w) {
+    w.keep_alive(t);
+    w.add_op(comm_->send(data_of(t), count_of(t), dtype, dst_rank, tag, call_options(c10d::kUnsetTimeout)));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  return guarded("recv", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "recv";
-    check_single(op, tensors, "tensor");
-    check_tensor(op, tensors[0], "tensor");
-    check_rank(op, src_rank, size_, "source rank");
-    if (src_rank == rank_) {
-      throw_invalid(op, "a rank cannot receive from itself (rank " + std::to_string(rank_) + ")");
-    }
-    require_supported_path(op, common_device_path(op, tensors));
-    auto& t = tensors[0];
-    const auto dtype = smddp_dtype(op, t, "tensor");
-    auto work = make_work(c10d::OpType::RECV, op, tensors);
-    return run(work, [&](WorkSMDDP& w) {
-      w.keep_alive(t);
-      w.add_op(comm_->recv(data_of(t), count_of(t), dtype, src_rank, tag, call_options(c10d::kUnsetTimeout)));
-    });
+  const char* op = "recv";
+  check_single(op, tensors, "tensor");
+  check_tensor(op, tensors[0], "tensor");
+  check_rank(op, src_rank, size_, "source rank");
+  if (src_rank == rank_) {
+    throw_invalid(op, "a rank cannot receive from itself (rank " + std::to_string(rank_) + ")");
+  }
+  require_supported_path(op, common_device_path(op, tensors));
+  auto& t = tensors[0];
+  const auto dtype = smddp_dtype(op, t, "tensor");
+  auto work = make_work(c10d::OpType::RECV, op, tensors);
+  return run(work, [&](WorkSMDDP& w) {
+    w.keep_alive(t);
+    w.add_op(comm_->recv(data_of(t), count_of(t), dtype, src_rank, tag, call_options(c10d::kUnsetTimeout)));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::recvAnysource(std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {
-  return guarded("recvAnysource", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    throw_unsupported("recv", "receiving from any source is not supported; pass src=<rank>");
-  });
+  throw_unsupported("recv", "receiving from any source is not supported; pass src=<rank>");
 }
 
 // --- 2.x only -----------------------------------------------------------------------------
@@ -727,44 +677,40 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::recvAnysource(std::vector<at::
 #if SMDDP_TORCH_2
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
-  return guarded("allgather_into_tensor_coalesced", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "allgather_into_tensor_coalesced";
-    if (outputs.size() != inputs.size()) {
-      throw_invalid(op, "got " + std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) +
-                            " inputs");
-    }
+  const char* op = "allgather_into_tensor_coalesced";
+  if (outputs.size() != inputs.size()) {
+    throw_invalid(op, "got " + std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) +
+                          " inputs");
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check_allgather_base(op, outputs[i], inputs[i], size_, " " + std::to_string(i));
+  }
+  require_supported_path(op, common_device_path(op, concat(outputs, inputs)));
+  auto work = make_work(c10d::OpType::COALESCED, op, outputs);
+  return run(work, [&](WorkSMDDP& w) {
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      check_allgather_base(op, outputs[i], inputs[i], size_, " " + std::to_string(i));
+      add_allgather_base(w, op, outputs[i], inputs[i], opts);
     }
-    require_supported_path(op, common_device_path(op, concat(outputs, inputs)));
-    auto work = make_work(c10d::OpType::COALESCED, op, outputs);
-    return run(work, [&](WorkSMDDP& w) {
-      for (std::size_t i = 0; i < inputs.size(); ++i) {
-        add_allgather_base(w, op, outputs[i], inputs[i], opts);
-      }
-    });
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return guarded("reduce_scatter_tensor_coalesced", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    const char* op = "reduce_scatter_tensor_coalesced";
-    if (outputs.size() != inputs.size()) {
-      throw_invalid(op, "got " + std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) +
-                            " inputs");
-    }
+  const char* op = "reduce_scatter_tensor_coalesced";
+  if (outputs.size() != inputs.size()) {
+    throw_invalid(op, "got " + std::to_string(outputs.size()) + " outputs for " + std::to_string(inputs.size()) +
+                          " inputs");
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    check_reduce_scatter_base(op, outputs[i], inputs[i], size_, " " + std::to_string(i));
+    reduce_spec(op, opts.reduceOp, smddp_dtype(op, outputs[i], "output"));
+  }
+  require_supported_path(op, common_device_path(op, concat(outputs, inputs)));
+  auto work = make_work(c10d::OpType::COALESCED, op, outputs);
+  return run(work, [&](WorkSMDDP& w) {
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      check_reduce_scatter_base(op, outputs[i], inputs[i], size_, " " + std::to_string(i));
-      reduce_spec(op, opts.reduceOp, smddp_dtype(op, outputs[i], "output"));
+      add_reduce_scatter_base(w, op, outputs[i], inputs[i], opts);
     }
-    require_supported_path(op, common_device_path(op, concat(outputs, inputs)));
-    auto work = make_work(c10d::OpType::COALESCED, op, outputs);
-    return run(work, [&](WorkSMDDP& w) {
-      for (std::size_t i = 0; i < inputs.size(); ++i) {
-        add_reduce_scatter_base(w, op, outputs[i], inputs[i], opts);
-      }
-    });
   });
 }
 
@@ -775,25 +721,23 @@ void ProcessGroupSMDDP::startCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::endCoalescing() {
-  return guarded("endCoalescing", [&]() -> c10::intrusive_ptr<c10d::Work> {
-    std::vector<c10::intrusive_ptr<WorkSMDDP>> works;
-    {
-      std::lock_guard lock(coalescing_mutex_);
-      coalescing_ = false;
-      works.swap(coalesced_);
-    }
-    std::vector<at::Tensor> outputs;
-    for (const auto& w : works) {
-      auto r = w->result();
-      outputs.insert(outputs.end(), r.begin(), r.end());
-    }
-    auto work = make_work(c10d::OpType::COALESCED, "coalesced", std::move(outputs));
-    for (auto& w : works) {
-      work->add_dependency(w);
-    }
-    work->arm();
-    return work;
-  });
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> works;
+  {
+    std::lock_guard lock(coalescing_mutex_);
+    coalescing_ = false;
+    works.swap(coalesced_);
+  }
+  std::vector<at::Tensor> outputs;
+  for (const auto& w : works) {
+    auto r = w->result();
+    outputs.insert(outputs.end(), r.begin(), r.end());
+  }
+  auto work = make_work(c10d::OpType::COALESCED, "coalesced", std::move(outputs));
+  for (auto& w : works) {
+    work->add_dependency(w);
+  }
+  work->arm();
+  return work;
 }
 
 void ProcessGroupSMDDP::setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }

@@ -98,8 +98,6 @@ class ProcessGroupSMDDP : public BackendBase {
   // it and (2.x) records it for coalescing.
   template <typename Body>
   c10::intrusive_ptr<c10d::Work> run(const c10::intrusive_ptr<WorkSMDDP>& work, Body&& body);
-  template <typename Body>
-  c10::intrusive_ptr<c10d::Work> guarded(const char* op, Body&& body);
   // Only the host path exists yet; the CUDA path slots in here.
   void require_supported_path(const char* op, DevicePath path) const;
   client::CallOptions call_options(std::chrono::milliseconds timeout, double scale = 1.0) const;
