@@ -209,9 +209,11 @@ std::string ClientImpl::job_error() const {
   return {};
 }
 
-void ClientImpl::run(std::vector<std::function<void()>>& callbacks) {
-  for (auto& cb : callbacks) cb();
-  callbacks.clear();
+void ClientImpl::run(Deferred& deferred) {
+  for (auto& cb : deferred.callbacks) cb();
+  deferred.callbacks.clear();
+  // Last: dropping the final op reference may destroy the client.
+  deferred.released.clear();
 }
 
 std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::milliseconds timeout) {
@@ -222,7 +224,7 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
                                             " bytes of staging at once, more than the arena of " +
                                             std::to_string(alloc_.capacity()) +
                                             " bytes (raise daemon.arena_mib)");
-  std::vector<std::function<void()>> callbacks;
+  Deferred callbacks;
   {
     std::lock_guard lk(mu_);
     if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
@@ -295,15 +297,15 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
   return true;
 }
 
-void ClientImpl::finish_locked(OpState& op, std::vector<std::function<void()>>& callbacks) {
+void ClientImpl::finish_locked(OpState& op, Deferred& callbacks) {
   if (op.done_.load(std::memory_order_relaxed)) return;
   op.done_.store(true, std::memory_order_release);
   --active_;
-  for (auto& cb : op.callbacks_) callbacks.push_back(std::move(cb));
+  for (auto& cb : op.callbacks_) callbacks.callbacks.push_back(std::move(cb));
   op.callbacks_.clear();
 }
 
-void ClientImpl::progress_locked(std::vector<std::function<void()>>& callbacks) {
+void ClientImpl::progress_locked(Deferred& callbacks) {
   // Completions first: they free arena space for submissions.
   ipc::CompletionDesc c;
   while (slot_.completions.try_pop(c) == ipc::SpscRing<ipc::CompletionDesc, ipc::kCompletionRingCapacity>::PopResult::Item) {
@@ -313,7 +315,7 @@ void ClientImpl::progress_locked(std::vector<std::function<void()>>& callbacks) 
     inflight_.erase(it);
     OpState& op = *inf.op;
     // The last reference to an op (and through it to this client) must go after unlocking.
-    callbacks.push_back([keep = inf.op] {});
+    callbacks.released.push_back(inf.op);
     --op.inflight_;
     ++op.finished_;
     if (c.status == Status::Ok && op.status_ == Status::Ok) {
@@ -351,7 +353,7 @@ void ClientImpl::progress_locked(std::vector<std::function<void()>>& callbacks) 
     while (op.next_ < op.nchunks_ && submit_chunk_locked(op)) pushed = true;
     if (op.next_ < op.nchunks_) break;
     if (op.inflight_ == 0 && !op.done()) finish_locked(op, callbacks);
-    callbacks.push_back([keep = std::move(queue_.front())] {});
+    callbacks.released.push_back(std::move(queue_.front()));
     queue_.pop_front();
   }
   const std::uint64_t p2p_budget = alloc_.capacity() / 2, window = alloc_.capacity() / 8;
@@ -370,13 +372,13 @@ void ClientImpl::progress_locked(std::vector<std::function<void()>>& callbacks) 
       continue;
     }
     if (op.inflight_ == 0 && !op.done()) finish_locked(op, callbacks);
-    callbacks.push_back([keep = std::move(*it)] {});
+    callbacks.released.push_back(std::move(*it));
     it = p2p_.erase(it);
   }
   if (pushed) segment_.header().daemon_bell.ring();
 }
 
-void ClientImpl::fail_all_locked(Status s, const std::string& why, std::vector<std::function<void()>>& callbacks) {
+void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& callbacks) {
   std::vector<std::shared_ptr<OpState>> ops;
   for (auto& [id, inf] : inflight_) ops.push_back(inf.op);
   for (auto& op : queue_) ops.push_back(op);
@@ -387,18 +389,18 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, std::vector<s
       op->error_ = why;
     }
     finish_locked(*op, callbacks);
-    callbacks.push_back([keep = op] {});
+    callbacks.released.push_back(op);
   }
-  for (auto& [id, inf] : inflight_) callbacks.push_back([keep = std::move(inf.op)] {});
-  for (auto& op : queue_) callbacks.push_back([keep = std::move(op)] {});
-  for (auto& op : p2p_) callbacks.push_back([keep = std::move(op)] {});
+  for (auto& [id, inf] : inflight_) callbacks.released.push_back(std::move(inf.op));
+  for (auto& op : queue_) callbacks.released.push_back(std::move(op));
+  for (auto& op : p2p_) callbacks.released.push_back(std::move(op));
   queue_.clear();
   p2p_.clear();
   // Regions stay allocated: a dead daemon will never answer for them.
   inflight_.clear();
 }
 
-bool ClientImpl::check_liveness_locked(std::vector<std::function<void()>>& callbacks) {
+bool ClientImpl::check_liveness_locked(Deferred& callbacks) {
   if (!dead_.empty()) return false;
   auto& h = segment_.header();
   const auto now = Clock::now();
@@ -440,7 +442,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
       c.work_cv_.notify_one();
     }
   } leave{*this};
-  std::vector<std::function<void()>> callbacks;
+  Deferred callbacks;
   const auto ready = [&] { return op.done() || !slot_.completions.empty(); };
   while (!op.done()) {
     {
@@ -458,7 +460,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
             ++it;
             continue;
           }
-          callbacks.push_back([keep = std::move(it->second.op)] {});
+          callbacks.released.push_back(std::move(it->second.op));
           it = inflight_.erase(it);
         }
         std::erase_if(queue_, [&](const auto& q) { return q.get() == &op; });
@@ -481,7 +483,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
 }
 
 void ClientImpl::progress_thread() {
-  std::vector<std::function<void()>> callbacks;
+  Deferred callbacks;
   std::unique_lock lk(mu_);
   for (;;) {
     work_cv_.wait(lk, [&] { return stop_ || (active_ > 0 && waiters_ == 0); });
@@ -497,7 +499,7 @@ void ClientImpl::progress_thread() {
     }
     lk.lock();
     check_liveness_locked(callbacks);
-    if (!callbacks.empty()) {
+    if (!callbacks.callbacks.empty() || !callbacks.released.empty()) {
       lk.unlock();
       run(callbacks);
       if (t_client_destroyed_here) return;
@@ -532,12 +534,12 @@ std::uint64_t OpState::stage_bytes(std::uint64_t k) const {
 
 bool OpState::test() {
   if (done()) return true;
-  std::vector<std::function<void()>> callbacks;
+  Deferred callbacks;
   {
     std::lock_guard lk(client_->mutex());
     client_->progress_locked(callbacks);
   }
-  for (auto& cb : callbacks) cb();
+  ClientImpl::run(callbacks);
   return done();
 }
 

@@ -17,6 +17,14 @@
 namespace smddp::client {
 
 class ClientImpl;
+class OpState;
+
+// What a progress step leaves to do once the client's mutex is released: completion
+// callbacks to run, and op references to drop (the last one may destroy the client).
+struct Deferred {
+  std::vector<std::function<void()>> callbacks;
+  std::vector<std::shared_ptr<OpState>> released;
+};
 
 // A communicator's operation numbering. The client keeps the world's, so a world()
 // handle dropped and fetched again goes on counting where the last one stopped.
@@ -57,14 +65,6 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
 
  private:
   friend class ClientImpl;
-
-// A communicator's operation numbering. The client keeps the world's, so a world()
-// handle dropped and fetched again goes on counting where the last one stopped.
-struct SeqState {
-  std::mutex mu;
-  std::uint64_t collectives = 0;
-  std::map<int, std::uint64_t> sends, recvs;  // per peer
-};
   std::uint64_t chunk_count(std::uint64_t k) const;
   std::uint64_t stage_bytes(std::uint64_t k) const;
 
@@ -77,7 +77,7 @@ struct SeqState {
   std::uint64_t inflight_ = 0;
   Status status_ = Status::Ok;  // guarded by the client's mutex
   std::string error_;
-  std::vector<std::function<void()>> callbacks_;
+  std::vector<std::function<void()>> callbacks_;  // this op's on_complete callbacks
   std::atomic<bool> done_{false};
 };
 
@@ -102,8 +102,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
   std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);
+  // Runs deferred callbacks, then drops the released op references (outside the lock).
+  static void run(Deferred& deferred);
   // Drives submissions and completions; returns callbacks to run outside the lock.
-  void progress_locked(std::vector<std::function<void()>>& callbacks);
+  void progress_locked(Deferred& callbacks);
   // Blocks until `op` is done or `until`; returns whether it is done.
   bool wait_for(OpState& op, std::chrono::steady_clock::time_point until);
   std::mutex& mutex() { return mu_; }
@@ -112,12 +114,11 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
 
  private:
   bool submit_chunk_locked(OpState& op);
-  void finish_locked(OpState& op, std::vector<std::function<void()>>& callbacks);
-  void fail_all_locked(Status s, const std::string& why, std::vector<std::function<void()>>& callbacks);
+  void finish_locked(OpState& op, Deferred& callbacks);
+  void fail_all_locked(Status s, const std::string& why, Deferred& callbacks);
   // Checks the daemon: false (and every op failed) once it is gone or the job failed.
-  bool check_liveness_locked(std::vector<std::function<void()>>& callbacks);
+  bool check_liveness_locked(Deferred& callbacks);
   void progress_thread();
-  static void run(std::vector<std::function<void()>>& callbacks);
 
   std::string job_id_;
   int rank_, world_size_, local_rank_, local_world_size_, node_id_, num_nodes_, daemon_pid_;
