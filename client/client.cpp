@@ -182,6 +182,23 @@ namespace {
 thread_local bool t_client_destroyed_here = false;
 }  // namespace
 
+void ClientImpl::detach() {
+  Deferred callbacks;
+  {
+    std::lock_guard lk(mu_);
+    if (detached_) return;
+    detached_ = true;
+    stop_ = true;
+    fail_all_locked(Status::Shutdown, "this rank detached from smddp before the operation finished", callbacks);
+  }
+  work_cv_.notify_all();
+  slot_.client_bell.ring();
+  if (progress_.joinable() && progress_.get_id() != std::this_thread::get_id()) progress_.join();
+  run(callbacks);
+  std::uint32_t reg = static_cast<std::uint32_t>(ipc::SlotState::Registered);
+  slot_.state.compare_exchange_strong(reg, static_cast<std::uint32_t>(ipc::SlotState::Exited));
+}
+
 ClientImpl::~ClientImpl() {
   {
     std::lock_guard lk(mu_);
@@ -227,6 +244,7 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
   Deferred callbacks;
   {
     std::lock_guard lk(mu_);
+    if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
     if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
     if (op->plan_.base.op == OpType::Send || op->plan_.base.op == OpType::Recv) p2p_.push_back(op);
     else queue_.push_back(op);

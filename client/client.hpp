@@ -141,6 +141,12 @@ class Client {
 
   // Empty while the job is healthy; otherwise why it failed (dead rank or daemon).
   virtual std::string job_error() const = 0;
+
+  // Leaves the job now, as the destructor does when the last reference goes: operations
+  // still pending fail with Status::Shutdown, later calls throw it, and the daemon sees this
+  // rank as exited cleanly. For hosts that keep clients alive until the process ends (torch
+  // 2.x never destroys a registered process group). Idempotent.
+  virtual void detach() = 0;
 };
 using ClientPtr = std::shared_ptr<Client>;
 

@@ -99,6 +99,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   CommunicatorPtr create_communicator(std::uint64_t comm_id, const std::vector<int>& global_ranks,
                                       std::chrono::milliseconds timeout) override;
   std::string job_error() const override;
+  void detach() override;
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
   std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);
@@ -153,6 +154,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::weak_ptr<Communicator> world_;
   std::shared_ptr<SeqState> world_seq_ = std::make_shared<SeqState>();
   bool stop_ = false;
+  bool detached_ = false;  // detach() ran: no new operations
   // User threads inside wait_for(). While there are some, they drive progress and the
   // progress thread stays off the doorbell, so the daemon's ring() needs no futex wake.
   int waiters_ = 0;

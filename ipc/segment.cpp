@@ -1,5 +1,6 @@
 #include "ipc/segment.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <new>
@@ -67,7 +69,21 @@ bool stale(const std::string& name, int& pid_out) {
 
 bool process_alive(int pid) noexcept {
   if (pid <= 0) return false;
-  return ::kill(pid, 0) == 0 || errno == EPERM;
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  // A zombie has ended; its parent just has not reaped it yet. That parent may itself be
+  // waiting for us (a launcher reading the output pipe we inherited), so it must count as gone.
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;  // no procfs: trust kill()
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return true;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // the command name may itself hold ')'
+  if (!paren || paren[1] != ' ') return true;
+  return paren[2] != 'Z' && paren[2] != 'X';
 }
 
 std::uint64_t segment_bytes_for(const SegmentSpec& spec) {

@@ -82,6 +82,11 @@ PYBIND11_MODULE(_smddp_c, m) {
   m.def("create_process_group", &create_process_group, py::arg("rank"), py::arg("size"), py::arg("timeout_s"),
         py::arg("group_id"), py::arg("global_ranks"), py::call_guard<py::gil_scoped_release>(),
         "Creates the smddp backend of one process group (attaching to the daemon on first use).");
+  m.def("_detach_at_exit", [] {
+    if (auto c = current_client()) c->detach();
+  }, py::call_guard<py::gil_scoped_release>(),
+        "Detaches this rank from its daemon (registered with atexit: torch 2.x keeps process groups, "
+        "and so the client, alive until the process ends, and the daemon must see a clean exit).");
   m.def("client_info", &client_info,
         "The attached client's view of the job (rank, local rank, node, daemon pid...), or None.");
   // Launch path 2 (_launch.py) starts a daemon and waits for its segment; the names come from

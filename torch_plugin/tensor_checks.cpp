@@ -1,6 +1,6 @@
 #include "torch_plugin/tensor_checks.hpp"
 
-#include <sstream>
+#include <string>
 
 #include "torch_plugin/errors.hpp"
 #include "torch_plugin/torch_compat.hpp"
@@ -30,9 +30,16 @@ std::string describe(const at::Tensor& t) {
   if (!t.defined()) {
     return "an undefined tensor";
   }
-  std::ostringstream s;
-  s << c10::toString(t.scalar_type()) << t.sizes() << " on " << t.device();
-  return s.str();
+  // Plain strings, no iostreams: formatting an integer through std::ostream inside this
+  // extension crashed under torch 2.11 (a SIGSEGV in std::ostream::_M_insert<long>).
+  std::string s = c10::toString(t.scalar_type());
+  s += '[';
+  for (std::size_t i = 0; i < t.sizes().size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(t.sizes()[i]);
+  }
+  s += "] on " + t.device().str();
+  return s;
 }
 
 client::DType smddp_dtype(const char* op, const at::Tensor& t, const std::string& name) {

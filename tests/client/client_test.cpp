@@ -79,6 +79,27 @@ TEST(Client, AttachRegistersTheRankAndExitMarksTheSlot) {
   EXPECT_EQ(slot.state.load(), static_cast<std::uint32_t>(ipc::SlotState::Exited));
 }
 
+TEST(Client, DetachFailsPendingOpsMarksTheSlotAndRefusesNewOnes) {
+  const auto job = unique_job("detach");
+  FakeDaemon daemon(small_spec(job));
+  daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
+  daemon.start();
+  auto& slot = daemon.segment().slot(0);
+  auto c = Client::attach(attach_options(job));
+  const auto in = iota_floats(100);
+  std::vector<float> out(100, 0.0f);
+  auto w = c->world()->allreduce(in.data(), out.data(), in.size(), DType::Float32, ReduceOp::Sum);
+  c->detach();
+  EXPECT_TRUE(w->done());
+  EXPECT_EQ(error_of([&] { w->wait(5s); }).status(), Status::Shutdown);
+  EXPECT_EQ(slot.state.load(), static_cast<std::uint32_t>(ipc::SlotState::Exited));
+  const auto e = error_of([&] { c->world()->allreduce(in.data(), out.data(), in.size(), DType::Float32, ReduceOp::Sum); });
+  EXPECT_EQ(e.status(), Status::Shutdown);
+  EXPECT_TRUE(contains(e.what(), "detached")) << e.what();
+  c->detach();  // idempotent
+  daemon.release_held();
+}
+
 TEST(Client, LargeAllReduceIsChunkedToFitTheArena) {
   const auto job = unique_job("chunks");
   const auto spec = small_spec(job);

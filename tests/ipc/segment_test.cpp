@@ -123,3 +123,21 @@ TEST(Names, SocketDirIsPrivate) {
   std::filesystem::remove_all(dir);
   ::unsetenv("SMDDP_SOCKET_DIR");
 }
+
+TEST(ProcessAlive, ZombiesCountAsGone) {
+  EXPECT_TRUE(smddp::ipc::process_alive(::getpid()));
+  EXPECT_FALSE(smddp::ipc::process_alive(0));
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  // Not reaped yet: a zombie until waitpid below. Poll until the kernel has turned it into one.
+  bool gone = false;
+  for (int i = 0; i < 2000 && !gone; ++i) {
+    gone = !smddp::ipc::process_alive(child);
+    if (!gone) ::usleep(1000);
+  }
+  EXPECT_TRUE(gone) << "an exited, unreaped child still counts as alive";
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_FALSE(smddp::ipc::process_alive(child));
+}

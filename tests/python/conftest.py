@@ -158,6 +158,27 @@ def _worker_cmd(worker, args):
     return [python_exe(), os.path.join(WORKERS, worker), *map(str, args)]
 
 
+_TORCHRUN_PROBE = {}
+
+
+def torchrun_broken():
+    """None when torchrun (torch.distributed.run) can start a worker here, else why not.
+    Debian's torch 1.13 torchrun dies under Python 3.11 before it starts any worker."""
+    py = python_exe()
+    if py not in _TORCHRUN_PROBE:
+        try:
+            proc = subprocess.run([py, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr",
+                                   "127.0.0.1", "--master_port", str(free_port()), "--no_python", "echo",
+                                   "SMDDP-TORCHRUN-OK"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, timeout=120)
+            ok = proc.returncode == 0 and "SMDDP-TORCHRUN-OK" in proc.stdout
+            last = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            ok, last = False, str(e)
+        _TORCHRUN_PROBE[py] = None if ok else "torchrun cannot start a worker with %s: %s" % (py, last)
+    return _TORCHRUN_PROBE[py]
+
+
 def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(), launcher="smddprun",
             mpirun_args=()):
     """Runs `smddprun --nproc-per-node N -- python workers/<worker> ARGS` (launch path 1) or
@@ -183,6 +204,14 @@ def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(
                                     "MASTER_ADDR", "MASTER_PORT", *(extra_env or {}))
                      for a in ("-x", name)]
         cmd = [mpirun, *MPIRUN_FLAGS, *mpirun_args, *forwarded, "-np", str(nproc), *_worker_cmd(worker, args)]
+    elif launcher == "torchrun":
+        reason = torchrun_broken()
+        if reason:
+            pytest.skip(reason)
+        env["SMDDP_DAEMON"] = daemon_path(build)
+        cmd = [python_exe(), "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+               os.path.join(WORKERS, worker), *map(str, args)]
     else:
         raise ValueError(launcher)
     t0 = time.time()

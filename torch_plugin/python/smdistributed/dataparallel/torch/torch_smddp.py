@@ -6,7 +6,9 @@
 Registration is idempotent (importing the module again, or under another name, is harmless).
 """
 
+import atexit
 import inspect
+import sys
 
 import torch
 import torch.distributed as dist
@@ -60,6 +62,15 @@ def _create_backend(dist_backend_opts, pg_options=None):
 _world_keepalive = None
 
 
+def _detach_at_exit():
+    # torch 2.x keeps every process group (and so our client) alive until the process ends,
+    # without destroying it: say goodbye to the daemon here so it sees a clean exit, not a
+    # rank that vanished.
+    ext = sys.modules.get("smdistributed.dataparallel.torch._smddp_c")
+    if ext is not None:
+        ext._detach_at_exit()
+
+
 def _register():
     plugins = getattr(dist.Backend, "_plugins", {})
     if BACKEND_NAME.upper() in plugins:
@@ -74,3 +85,4 @@ def _register():
 
 
 _register()
+atexit.register(_detach_at_exit)
