@@ -360,6 +360,11 @@ std::optional<Client::GpuSyncArea> ClientImpl::gpu_sync_area() {
   return a;
 }
 
+void ClientImpl::publish_flag_block(const std::array<std::uint8_t, 64>& handle) {
+  std::memcpy(slot_.flag_block_handle, handle.data(), handle.size());
+  slot_.flag_block_published.store(1, std::memory_order_release);
+}
+
 void ClientImpl::finish_locked(OpState& op, Deferred& callbacks) {
   if (op.done_.load(std::memory_order_relaxed)) return;
   op.done_.store(true, std::memory_order_release);
@@ -809,6 +814,7 @@ class CommImpl final : public Communicator {
     p.wait_event = c.wait_event;
     p.wait_value = c.wait_value;
     if (c.stream_value) p.base.flags |= ipc::kFlagStreamValue;
+    if (c.stream_value && c.device_flags) p.base.flags |= ipc::kFlagDeviceFlags;
     if (splits) {
       const auto n = static_cast<std::size_t>(size());
       if (c.splits.size() != 2 * n)

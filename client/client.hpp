@@ -79,6 +79,7 @@ struct DeviceCall {
   // Stream-flag synchronization instead of events: wait_event indexes the stream flags
   // (GpuSyncArea) and the daemon waits until that flag reaches wait_value.
   bool stream_value = false;
+  bool device_flags = false;  // the flags are in the published GPU flag block
   std::uint64_t wait_value = 0;
   std::vector<std::uint64_t> splits;
 };
@@ -207,6 +208,9 @@ class Client {
     std::uint64_t* done_flag = nullptr;
   };
   virtual std::optional<GpuSyncArea> gpu_sync_area() { return std::nullopt; }
+  // Publishes the IPC handle of this rank's GPU flag block (ipc::kFlagBlockBytes of device
+  // memory: stream flags, then the done flag) for DeviceCall::device_flags requests.
+  virtual void publish_flag_block(const std::array<std::uint8_t, 64>& handle) { (void)handle; }
 };
 using ClientPtr = std::shared_ptr<Client>;
 

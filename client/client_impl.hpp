@@ -111,6 +111,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   int export_event(const std::array<std::uint8_t, 64>& handle) override;
   std::optional<std::array<std::uint8_t, 64>> daemon_event_handle(int index) const override;
   std::optional<GpuSyncArea> gpu_sync_area() override;
+  void publish_flag_block(const std::array<std::uint8_t, 64>& handle) override;
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
   std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);

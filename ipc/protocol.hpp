@@ -40,7 +40,12 @@ inline constexpr std::uint32_t kFlagLastChunk = 1u << 3;  // last chunk of a chu
 // daemon's GPU waits until that flag reaches wait_value; the completion answers with
 // daemon_value (RankSlot::done_flag) instead of an event.
 inline constexpr std::uint32_t kFlagStreamValue = 1u << 4;
-inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk | kFlagStreamValue;
+// With kFlagStreamValue: the flags live in the rank's GPU flag block (RankSlot::
+// flag_block_handle) rather than in the segment. GPUs re-poll their own memory at once but
+// host memory only every few milliseconds, so this is the fast form.
+inline constexpr std::uint32_t kFlagDeviceFlags = 1u << 5;
+inline constexpr std::uint32_t kKnownFlags =
+    kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk | kFlagStreamValue | kFlagDeviceFlags;
 
 struct RequestDesc {
   std::uint64_t request_id = 0;  // client-chosen, echoed in the completion

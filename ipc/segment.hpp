@@ -89,7 +89,14 @@ struct RankSlot {
   // these pages with CUDA (cudaHostRegister) and only GPUs write them.
   alignas(64) std::uint64_t stream_flags[kMaxEvents] = {};
   alignas(64) std::uint64_t done_flag = 0;
+  // kFlagDeviceFlags: the same flags in GPU memory the rank allocated on its GPU
+  // (kMaxEvents stream flags, then the done flag), exported for the daemon to map; published
+  // by setting flag_block_published after the handle is written.
+  std::uint8_t flag_block_handle[kCudaIpcHandleBytes] = {};
+  std::atomic<std::uint32_t> flag_block_published{0};
 };
+inline constexpr std::size_t kFlagBlockBytes = 4096;  // >= (kMaxEvents + 1) * 8
+static_assert((kMaxEvents + 1) * 8 <= kFlagBlockBytes);
 
 struct SegmentSpec {
   std::string job_id;

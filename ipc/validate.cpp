@@ -152,6 +152,7 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
   const bool device = r.input.kind == BufferKind::CudaIpc || r.output.kind == BufferKind::CudaIpc;
   if (r.wait_event != -1 && !device) return bad("a host request carries a CUDA event to wait on");
   if ((r.flags & kFlagStreamValue) && !device) return bad("a host request carries a CUDA stream flag");
+  if ((r.flags & kFlagDeviceFlags) && !(r.flags & kFlagStreamValue)) return bad("device flags without stream flags");
   return std::nullopt;
 }
 

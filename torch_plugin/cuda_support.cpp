@@ -6,6 +6,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "ipc/segment.hpp"
 #include "torch_plugin/errors.hpp"
 
 #if SMDDP_PLUGIN_CUDA
@@ -119,8 +120,13 @@ struct CudaPath::Impl {
   std::map<int, c10::cuda::CUDAStream> completion;  // device -> pool stream
   std::map<int, std::string> bus_ids;        // device -> PCI bus id
   std::string my_bus;
-  // Stream-flag mode (default): our slot of the segment registered with CUDA.
+  // Stream-flag modes: flags in a GPU block we allocate and export (default: the GPU re-polls
+  // its own memory at once), or in our slot of the segment registered with CUDA ("host":
+  // polled every few ms). Interprocess events ("events") are polled as slowly.
+  enum class Mode { DeviceFlags, HostFlags, Events };
+  Mode mode = Mode::DeviceFlags;
   bool use_flags = true;
+  void* flag_block = nullptr;
   bool flags_ready = false;
   std::uint64_t* flags_host = nullptr;  // stream_flags[]
   std::uintptr_t flags_dev = 0;
@@ -133,7 +139,7 @@ struct CudaPath::Impl {
   using StreamValue = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
   StreamValue wait_value = nullptr, write_value = nullptr;
 
-  void setup_flags() {
+  void setup_flags(int device) {
     if (flags_ready) return;
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -146,6 +152,24 @@ struct CudaPath::Impl {
     cudaGetLastError();
     if (!wait_value || !write_value)
       throw SmddpException(ErrorKind::Unsupported, "smddp: the CUDA driver lacks stream memory operations; set SMDDP_GPU_SYNC=events");
+    if (mode == Mode::DeviceFlags) {
+      c10::cuda::CUDAGuard g(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+      // Outside torch's allocator: exportable whatever PYTORCH_CUDA_ALLOC_CONF says.
+      check(cudaMalloc(&flag_block, ipc::kFlagBlockBytes), "cudaMalloc of the smddp flag block");
+      check(cudaMemset(flag_block, 0, ipc::kFlagBlockBytes), "cudaMemset");
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      cudaIpcMemHandle_t h{};
+      check(cudaIpcGetMemHandle(&h, flag_block), "cudaIpcGetMemHandle of the smddp flag block");
+      std::array<std::uint8_t, 64> bytes{};
+      std::memcpy(bytes.data(), &h, sizeof h);
+      locked()->publish_flag_block(bytes);
+      flags_dev = reinterpret_cast<std::uintptr_t>(flag_block);
+      done_dev = flags_dev + static_cast<std::uintptr_t>(ipc::kMaxEvents) * sizeof(std::uint64_t);
+      flag_count = ipc::kMaxEvents;
+      flag_values.assign(static_cast<std::size_t>(flag_count), 0);
+      flags_ready = true;
+      return;
+    }
     auto area = locked()->gpu_sync_area();
     if (!area) throw SmddpException(ErrorKind::Unsupported, "smddp: the client has no GPU sync area");
     check(cudaHostRegister(area->region, area->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
@@ -223,8 +247,9 @@ struct CudaPath::Impl {
 
 CudaPath::CudaPath(std::shared_ptr<client::Client> client) : impl_(std::make_unique<Impl>()) {
   impl_->client = client;
-  const char* mode = std::getenv("SMDDP_GPU_SYNC");
-  impl_->use_flags = !(mode && std::string(mode) == "events");
+  const std::string mode = std::getenv("SMDDP_GPU_SYNC") ? std::getenv("SMDDP_GPU_SYNC") : "";
+  impl_->mode = mode == "events" ? Impl::Mode::Events : mode == "host" ? Impl::Mode::HostFlags : Impl::Mode::DeviceFlags;
+  impl_->use_flags = impl_->mode != Impl::Mode::Events;
 }
 
 CudaPath::~CudaPath() {
@@ -233,6 +258,7 @@ CudaPath::~CudaPath() {
   for (auto ev : impl_->daemon_events)
     if (ev) cudaEventDestroy(ev);
   if (impl_->registered) cudaHostUnregister(impl_->registered);
+  if (impl_->flag_block) cudaFree(impl_->flag_block);
 }
 
 bool CudaPath::exportable(const at::Tensor& t) {
@@ -272,7 +298,7 @@ void CudaPath::mark_inputs(c10::Device device, client::DeviceCall& call) {
     std::uint64_t value = 0;
     {
       std::lock_guard lk(impl_->mu);
-      impl_->setup_flags();
+      impl_->setup_flags(dev);
       auto it = impl_->stream_slot.find(stream);
       if (it == impl_->stream_slot.end()) {
         const int next = static_cast<int>(impl_->stream_slot.size());
@@ -290,6 +316,7 @@ void CudaPath::mark_inputs(c10::Device device, client::DeviceCall& call) {
         throw SmddpException(ErrorKind::Internal, "smddp: cuStreamWriteValue64 failed");
     }
     call.stream_value = true;
+    call.device_flags = impl_->mode == Impl::Mode::DeviceFlags;
     call.wait_event = index;
     call.wait_value = value;
     return;
@@ -347,7 +374,7 @@ std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device device, const std
     for (const auto& d : daemon_done) {
       if (d.value > 0) {
         // The daemon's GPU writes the done flag after the work; wait for it on our GPU.
-        impl_->setup_flags();
+        impl_->setup_flags(device.index());
         if (impl_->wait_value(reinterpret_cast<CUstream>(stream->stream()), static_cast<CUdeviceptr>(impl_->done_dev),
                               d.value, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
           throw SmddpException(ErrorKind::Internal, "smddp: cuStreamWaitValue64 failed");

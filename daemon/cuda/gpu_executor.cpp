@@ -60,7 +60,18 @@ class GpuExecutorImpl final : public GpuExecutor {
     std::vector<cudaEvent_t> daemon_events;
     int next = 0;
     std::uint64_t done_seq = 0;  // last value written to the rank's done flag
+    std::uint64_t* flag_block = nullptr;  // the rank's GPU flag block, mapped on its GPU
   };
+  std::uint64_t* flag_block(int slot);
+  // Where request i's stream flag / the done flag of its rank lives (device address).
+  std::uint64_t* wait_flag(const Posted& p) {
+    if (p.desc.flags & ipc::kFlagDeviceFlags) return flag_block(p.slot) + p.desc.wait_event;
+    return dev_ptr(&seg_.slot(p.slot).stream_flags[p.desc.wait_event]);
+  }
+  std::uint64_t* done_flag(const Posted& p) {
+    if (p.desc.flags & ipc::kFlagDeviceFlags) return flag_block(p.slot) + ipc::kMaxEvents;
+    return dev_ptr(&seg_.slot(p.slot).done_flag);
+  }
   struct Mapping {
     std::array<std::uint8_t, ipc::kCudaIpcHandleBytes> handle{};
     std::uint64_t alloc_bytes = 0;
@@ -106,6 +117,10 @@ GpuExecutorImpl::~GpuExecutorImpl() {
   for (auto& [key, m] : maps_) close(m);
   if (flags_host_) cudaHostUnregister(flags_host_);
   for (auto& r : ranks_) {
+    if (r.flag_block) {
+      cudaSetDevice(r.dev);
+      cudaIpcCloseMemHandle(r.flag_block);
+    }
     for (auto ev : r.rank_events)
       if (ev) cudaEventDestroy(ev);
     for (auto ev : r.daemon_events) cudaEventDestroy(ev);
@@ -170,6 +185,8 @@ void GpuExecutorImpl::init() {
   cudaGetLastError();
   std::string flags_note = "stream flags off";
   if (wait_value_ && write_value_) {
+    flags_note = "stream flags on (GPU memory)";
+    stats_.stream_values = true;
     auto* first = reinterpret_cast<std::byte*>(&seg_.slot(0));
     const std::size_t bytes = seg_.header().slot_bytes * static_cast<std::size_t>(seg_.header().local_world_size);
     void* dev = nullptr;
@@ -178,7 +195,7 @@ void GpuExecutorImpl::init() {
       flags_host_ = first;
       flags_dev_ = reinterpret_cast<std::uintptr_t>(dev);
       stats_.stream_values = true;
-      flags_note = "stream flags on";
+      flags_note = "stream flags on (GPU and host memory)";
     } else {
       flags_note = std::string("stream flags off (") + cudaGetErrorString(cudaGetLastError()) + ")";
     }
@@ -215,6 +232,29 @@ GpuExecutorImpl::Rank& GpuExecutorImpl::rank(int slot) {
   r.ready = true;
   spdlog::info("GPU path: rank {} uses GPU {} ({})", s.rank, dev, bus);
   return r;
+}
+
+std::uint64_t* GpuExecutorImpl::flag_block(int slot) {
+  auto& r = rank(slot);
+  if (r.flag_block) return r.flag_block;
+  auto& s = seg_.slot(slot);
+  if (!s.flag_block_published.load(std::memory_order_acquire))
+    throw std::runtime_error("rank " + std::to_string(s.rank) + " asked for GPU flags but never published its flag block");
+  cudaIpcMemHandle_t h{};
+  std::memcpy(&h, s.flag_block_handle, sizeof h);
+  set_device(r.dev);
+  void* p = nullptr;
+  check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cannot map the GPU flag block of rank " + std::to_string(s.rank));
+  if (get_range_) {
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    if (get_range_(&base, &size, reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS && size < ipc::kFlagBlockBytes) {
+      cudaIpcCloseMemHandle(p);
+      throw std::runtime_error("rank " + std::to_string(s.rank) + "'s GPU flag block is too small");
+    }
+  }
+  r.flag_block = static_cast<std::uint64_t*>(p);
+  return r.flag_block;
 }
 
 cudaEvent_t GpuExecutorImpl::rank_event(int slot, int index) {
@@ -334,7 +374,7 @@ std::optional<std::string> GpuExecutorImpl::run(const Match& m, std::vector<Done
   op_kernels_ = 0;
   done.assign(n, DoneMark{});
   for (std::size_t i = 0; i < n; ++i)
-    if ((ps[i].desc.flags & ipc::kFlagStreamValue) && !flags_host_)
+    if ((ps[i].desc.flags & ipc::kFlagStreamValue) && !(ps[i].desc.flags & ipc::kFlagDeviceFlags) && !flags_host_)
       return "this daemon cannot use CUDA stream flags here (" + description_ + "); set SMDDP_GPU_SYNC=events";
 
   std::vector<int> dev(n);
@@ -350,10 +390,11 @@ std::optional<std::string> GpuExecutorImpl::run(const Match& m, std::vector<Done
   // 1. Each rank's inputs are ready once its event fired, waited on from its own GPU.
   for (std::size_t i = 0; i < n; ++i)
     if (ps[i].desc.wait_event >= 0 && (ps[i].desc.flags & ipc::kFlagStreamValue)) {
-      auto* flag = &seg_.slot(ps[i].slot).stream_flags[ps[i].desc.wait_event];
+      auto* flag = wait_flag(ps[i]);
       set_device(dev[i]);
+      if (!wait_value_) throw std::runtime_error("the CUDA driver lacks stream memory operations");
       if (const auto r = wait_value_(reinterpret_cast<CUstream>(gpus_[static_cast<std::size_t>(dev[i])].stream),
-                                     reinterpret_cast<CUdeviceptr>(dev_ptr(flag)), ps[i].desc.wait_value,
+                                     reinterpret_cast<CUdeviceptr>(flag), ps[i].desc.wait_value,
                                      CU_STREAM_WAIT_VALUE_GEQ);
           r != CUDA_SUCCESS)
         throw std::runtime_error("cuStreamWaitValue64 failed (" + std::to_string(static_cast<int>(r)) + ")");
@@ -510,10 +551,11 @@ std::optional<std::string> GpuExecutorImpl::run(const Match& m, std::vector<Done
     if (ps[i].desc.flags & ipc::kFlagStreamValue) {
       // One increasing done flag per rank: every write for this rank is on its GPU's one
       // stream, so a value reached means every earlier one was too.
+      if (!write_value_) throw std::runtime_error("the CUDA driver lacks stream memory operations");
       const std::uint64_t v = ++r.done_seq;
       set_device(r.dev);
       if (const auto w = write_value_(reinterpret_cast<CUstream>(gpus_[static_cast<std::size_t>(r.dev)].stream),
-                                      reinterpret_cast<CUdeviceptr>(dev_ptr(&seg_.slot(ps[i].slot).done_flag)), v, 0);
+                                      reinterpret_cast<CUdeviceptr>(done_flag(ps[i])), v, 0);
           w != CUDA_SUCCESS)
         throw std::runtime_error("cuStreamWriteValue64 failed (" + std::to_string(static_cast<int>(w)) + ")");
       done[i].value = v;
