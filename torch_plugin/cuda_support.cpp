@@ -1,6 +1,7 @@
 #include "torch_plugin/cuda_support.hpp"
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <map>
@@ -94,7 +95,16 @@ struct CudaPath::Done {
   }
 };
 
+struct CudaPath::Staging {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  int device = 0;
+  std::shared_ptr<Done> last_done;
+};
+
 struct CudaPath::Impl {
+  std::multimap<std::size_t, std::shared_ptr<Staging>> staging_free;  // by size
+  std::vector<std::shared_ptr<Staging>> staging_all;
   std::weak_ptr<client::Client> client;  // the process group owns it
   std::mutex mu;
   std::shared_ptr<client::Client> locked() {
@@ -188,14 +198,18 @@ struct CudaPath::Impl {
     flags_ready = true;
   }
 
-  Export& lookup(const at::Tensor& t) {
+  Export& lookup(const at::Tensor& t) { return lookup_ptr(t.data_ptr(), t.device()); }
+  Export& lookup_ptr(void* data, c10::Device device) {
     const auto& d = driver();
     if (!d.get_attribute || !d.get_range)
       throw SmddpException(ErrorKind::Unsupported, "smddp: the CUDA driver lacks cuPointerGetAttribute/cuMemGetAddressRange");
-    const auto ptr = reinterpret_cast<CUdeviceptr>(t.data_ptr());
+    const auto ptr = reinterpret_cast<CUdeviceptr>(data);
     unsigned long long id = 0;
-    if (d.get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CUDA_SUCCESS)
-      throw SmddpException(ErrorKind::InvalidArgument, "smddp: cannot query the CUDA allocation of a tensor");
+    if (d.get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CUDA_SUCCESS) {
+      static Export unknown;  // not exportable; the caller stages it
+      unknown.why = "cuPointerGetAttribute(BUFFER_ID) failed";
+      return unknown;
+    }
     auto it = exports.find(id);
     if (it != exports.end()) return it->second;
     Export x;
@@ -205,7 +219,7 @@ struct CudaPath::Impl {
       x.why = "cuMemGetAddressRange failed";
     } else {
       cudaIpcMemHandle_t h{};
-      c10::cuda::CUDAGuard g(t.device());
+      c10::cuda::CUDAGuard g(device);
       const auto e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
       if (e != cudaSuccess) {
         cudaGetLastError();
@@ -259,6 +273,7 @@ CudaPath::~CudaPath() {
     if (ev) cudaEventDestroy(ev);
   if (impl_->registered) cudaHostUnregister(impl_->registered);
   if (impl_->flag_block) cudaFree(impl_->flag_block);
+  for (auto& s : impl_->staging_all) cudaFree(s->ptr);
 }
 
 bool CudaPath::exportable(const at::Tensor& t) {
@@ -400,6 +415,63 @@ std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device device, const std
   return done;
 }
 
+std::shared_ptr<CudaPath::Staging> CudaPath::stage_in(c10::Device device, std::size_t bytes, const at::Tensor* copy_from) {
+  c10::cuda::CUDAGuard g(device);
+  std::shared_ptr<Staging> s;
+  {
+    std::lock_guard lk(impl_->mu);
+    for (auto it = impl_->staging_free.lower_bound(bytes); it != impl_->staging_free.end(); ++it) {
+      if (it->second->device == device.index()) {
+        s = it->second;
+        impl_->staging_free.erase(it);
+        break;
+      }
+    }
+    if (!s) {
+      s = std::make_shared<Staging>();
+      s->device = device.index();
+      s->bytes = std::max<std::size_t>(bytes, 1 << 20);
+      s->bytes = (s->bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+      check(cudaMalloc(&s->ptr, s->bytes), "cudaMalloc of a staging buffer (" + std::to_string(s->bytes) + " bytes)");
+      impl_->staging_all.push_back(s);
+    }
+  }
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  if (s->last_done) check(cudaStreamWaitEvent(stream, s->last_done->event, 0), "cudaStreamWaitEvent");
+  s->last_done.reset();
+  if (copy_from) check(cudaMemcpyAsync(s->ptr, copy_from->data_ptr(), bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+  return s;
+}
+
+client::DeviceBuffer CudaPath::staging_buffer(const std::shared_ptr<Staging>& s, std::size_t bytes) {
+  std::lock_guard lk(impl_->mu);
+  const auto& x = impl_->lookup_ptr(s->ptr, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(s->device)));
+  if (!x.ok) throw SmddpException(ErrorKind::Internal, "smddp: a staging buffer cannot be exported: " + x.why);
+  client::DeviceBuffer b;
+  b.ipc_handle = x.handle;
+  b.alloc_bytes = x.bytes;
+  b.offset = reinterpret_cast<std::uintptr_t>(s->ptr) - x.base;
+  b.bytes = bytes;
+  unsigned long long id = 0;
+  driver().get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, reinterpret_cast<CUdeviceptr>(s->ptr));
+  b.alloc_id = id;
+  return b;
+}
+
+void CudaPath::copy_out(const std::shared_ptr<Staging>& s, const at::Tensor& to) {
+  const auto bytes = static_cast<std::size_t>(to.numel()) * to.element_size();
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(to.data_ptr(), s->ptr, bytes, cudaMemcpyDeviceToDevice,
+                        c10::cuda::getCurrentCUDAStream(to.device().index()).stream()),
+        "cudaMemcpyAsync");
+}
+
+void CudaPath::release_staging(std::shared_ptr<Staging> s, std::shared_ptr<Done> done) {
+  std::lock_guard lk(impl_->mu);
+  s->last_done = std::move(done);
+  impl_->staging_free.emplace(s->bytes, std::move(s));
+}
+
 void CudaPath::block_current_stream(const std::shared_ptr<Done>& done, c10::Device device) {
   if (!done) return;
   c10::cuda::CUDAGuard g(device);
@@ -426,6 +498,11 @@ std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device, const std::vecto
   return nullptr;
 }
 void CudaPath::block_current_stream(const std::shared_ptr<Done>&, c10::Device) {}
+struct CudaPath::Staging {};
+std::shared_ptr<CudaPath::Staging> CudaPath::stage_in(c10::Device, std::size_t, const at::Tensor*) { return nullptr; }
+client::DeviceBuffer CudaPath::staging_buffer(const std::shared_ptr<Staging>&, std::size_t) { return {}; }
+void CudaPath::copy_out(const std::shared_ptr<Staging>&, const at::Tensor&) {}
+void CudaPath::release_staging(std::shared_ptr<Staging>, std::shared_ptr<Done>) {}
 
 #endif
 

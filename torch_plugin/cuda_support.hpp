@@ -60,6 +60,19 @@ class CudaPath {
   // Makes the caller's current stream on `device` wait for `done`.
   static void block_current_stream(const std::shared_ptr<Done>& done, c10::Device device);
 
+  // Staging for memory that cannot be exported (PYTORCH_CUDA_ALLOC_CONF=expandable_segments):
+  // a cudaMalloc'ed buffer the daemon can map, reused once the operation that last used it
+  // is done on the GPU (the caller's stream waits for that before copying in).
+  struct Staging;
+  // A buffer of at least `bytes` on `device`; if `copy_from` is given, its bytes are copied in
+  // on the current stream.
+  std::shared_ptr<Staging> stage_in(c10::Device device, std::size_t bytes, const at::Tensor* copy_from);
+  client::DeviceBuffer staging_buffer(const std::shared_ptr<Staging>& s, std::size_t bytes);
+  // Copies the staging buffer into `to` on the current stream (run inside complete()'s body).
+  static void copy_out(const std::shared_ptr<Staging>& s, const at::Tensor& to);
+  // Back to the pool; the next user waits for `done` (null: the daemon never ran it).
+  void release_staging(std::shared_ptr<Staging> s, std::shared_ptr<Done> done);
+
  private:
   int record_input_event(c10::Device device, void* stream);  // interprocess-event mode
   struct Impl;

@@ -170,11 +170,29 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
   if (!w.cuda()) {
     w.set_cuda(cuda_path_, any.device());
   }
+  const auto bytes_of = [](const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); };
+  // In place (allreduce, a broadcast root): one buffer for both roles.
+  const bool same = in && out && in->numel() > 0 && in->data_ptr() == out->data_ptr() && in->numel() == out->numel();
   if (in && in->numel() > 0) {
-    call.input = cuda_path_->buffer(*in, w.op_name());
+    if (cuda_path_->exportable(*in)) {
+      call.input = cuda_path_->buffer(*in, w.op_name());
+    } else {
+      // Expandable segments: the daemon works on a staging copy.
+      auto s = cuda_path_->stage_in(in->device(), bytes_of(*in), in);
+      call.input = cuda_path_->staging_buffer(s, bytes_of(*in));
+      w.add_staging(s, same ? *out : at::Tensor());
+    }
   }
   if (out && out->numel() > 0) {
-    call.output = cuda_path_->buffer(*out, w.op_name());
+    if (same) {
+      call.output = call.input;
+    } else if (cuda_path_->exportable(*out)) {
+      call.output = cuda_path_->buffer(*out, w.op_name());
+    } else {
+      auto s = cuda_path_->stage_in(out->device(), bytes_of(*out), nullptr);
+      call.output = cuda_path_->staging_buffer(s, bytes_of(*out));
+      w.add_staging(s, *out);
+    }
   }
   // Recorded after every producer of the inputs (flatten copies included) on this stream.
   // Empty tensors leave nothing for the daemon's GPUs to do (it runs them as host requests).

@@ -100,6 +100,11 @@ void WorkSMDDP::finalize() {
         std::vector<at::Tensor> used = keep_alive_;
         used.insert(used.end(), outputs_.begin(), outputs_.end());
         done_ = cuda_->complete(cuda_device_, daemon_events, used, [&] {
+          for (const auto& [s, to] : staging_) {
+            if (to.defined()) {
+              gpu::CudaPath::copy_out(s, to);
+            }
+          }
           if (epilogue_) {
             epilogue_();
           }
@@ -110,6 +115,10 @@ void WorkSMDDP::finalize() {
         error = std::current_exception();
       }
     }
+    for (auto& [s, to] : staging_) {
+      cuda_->release_staging(s, done_);
+    }
+    staging_.clear();
   } else if (!error && epilogue_) {
     try {
       epilogue_();
@@ -189,6 +198,11 @@ void WorkSMDDP::set_cuda(std::shared_ptr<gpu::CudaPath> path, c10::Device device
   cuda_device_ = device;
   future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                      std::vector<c10::Device>{device});
+}
+
+void WorkSMDDP::add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tensor copy_to) {
+  std::lock_guard lock(state_mutex_);
+  staging_.emplace_back(std::move(s), std::move(copy_to));
 }
 
 void WorkSMDDP::add_input_event(int index) {
