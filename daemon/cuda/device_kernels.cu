@@ -86,12 +86,21 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(const ReduceArgs a, bo
     T* ot = reinterpret_cast<T*>(&o);
 #pragma unroll
     for (int j = 0; j < V; ++j) ot[j] = O::post(acc[j], a.n);
-    reinterpret_cast<uint4*>(a.out)[i] = o;
+    if (a.nout == 0) {
+      reinterpret_cast<uint4*>(a.out)[i] = o;
+    } else {
+      for (int r = 0; r < a.nout; ++r) reinterpret_cast<uint4*>(a.outs[r])[i] = o;
+    }
   }
   for (std::uint64_t i = packs * V + tid; i < a.count; i += stride) {
     A acc = O::pre(static_cast<const T*>(a.inputs[0])[i], scale);
     for (int r = 1; r < a.n; ++r) acc = combine_nan<T, k>(acc, O::pre(static_cast<const T*>(a.inputs[r])[i], scale));
-    static_cast<T*>(a.out)[i] = O::post(acc, a.n);
+    const T v = O::post(acc, a.n);
+    if (a.nout == 0) {
+      static_cast<T*>(a.out)[i] = v;
+    } else {
+      for (int r = 0; r < a.nout; ++r) static_cast<T*>(a.outs[r])[i] = v;
+    }
   }
 }
 
@@ -100,7 +109,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15
 template <class T, K k>
 cudaError_t go(const ReduceArgs& a, cudaStream_t s, int max_blocks) {
   constexpr std::uint64_t V = 16 / sizeof(T);
-  bool vec = aligned16(a.out);
+  bool vec = a.nout == 0 ? aligned16(a.out) : true;
+  for (int r = 0; r < a.nout; ++r) vec = vec && aligned16(a.outs[r]);
   for (int r = 0; r < a.n; ++r) vec = vec && aligned16(a.inputs[r]);
   const std::uint64_t work = vec ? (a.count + V - 1) / V : a.count;
   const std::uint64_t want = (work + kThreads - 1) / kThreads;

@@ -18,6 +18,10 @@ struct ReduceArgs {
   const void* inputs[kMaxKernelInputs];
   int n = 0;
   void* out = nullptr;
+  // One-shot form: when nout > 0 the result goes to every outs[i] instead of `out` (each
+  // element is read and written by one thread, so outputs may alias inputs).
+  void* outs[kMaxKernelInputs] = {};
+  int nout = 0;
   std::uint64_t count = 0;
   ipc::DType dtype = ipc::DType::Float32;
   ipc::ReduceOp op = ipc::ReduceOp::Sum;

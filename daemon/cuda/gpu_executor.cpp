@@ -26,6 +26,8 @@ namespace {
 // Daemon events per rank, used round robin. Re-recording one a rank has not waited on yet
 // only makes that wait later (same stream, later point), never wrong.
 constexpr int kDaemonEventsPerRank = 32;
+// AllReduce up to this size per rank runs one-shot (one kernel on one GPU).
+constexpr std::uint64_t kOneShotBytes = 256 << 10;
 static_assert(kDaemonEventsPerRank <= ipc::kMaxDaemonEvents);
 
 void check(cudaError_t e, const std::string& what) {
@@ -408,6 +410,30 @@ std::optional<std::string> GpuExecutorImpl::run(const Match& m, std::vector<Done
   const auto ur = static_cast<std::size_t>(root);
   switch (d0.op) {
     case OpType::AllReduce: {
+      if (cb <= kOneShotBytes && n <= static_cast<std::size_t>(kMaxKernelInputs)) {
+        // One-shot: one kernel on the first rank's GPU reads every input and writes every
+        // output over NVLink; fewest launches for latency-bound sizes.
+        if (c == 0) break;
+        const int d = dev[0];
+        ReduceArgs a;
+        a.n = static_cast<int>(n);
+        a.nout = static_cast<int>(n);
+        for (std::size_t q = 0; q < n; ++q) {
+          a.inputs[q] = in(q, d);
+          a.outs[q] = out(q, d);
+        }
+        a.count = c;
+        a.dtype = d0.dtype;
+        a.op = d0.reduce_op;
+        a.scale = d0.scale;
+        // Small work: a few blocks suffice and launch fastest.
+        const int blocks = static_cast<int>(std::min<std::uint64_t>(16, (c + 4095) / 4096 + 1));
+        set_device(d);
+        check(launch_reduce(a, gpus_[static_cast<std::size_t>(d)].stream, blocks), "one-shot reduction kernel");
+        ++op_kernels_;
+        bytes = cb * n;
+        break;
+      }
       // Two-shot: GPU of rank s reduces shard s by peer reads, then pushes it to every other
       // rank with the copy engines. Shards are 256-byte aligned to keep 16-byte loads whole.
       const std::uint64_t align = std::max<std::uint64_t>(1, 256 / e);
