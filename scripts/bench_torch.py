@@ -67,6 +67,7 @@ def launch(opts, argv):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(build, "python")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("SMDDP_DAEMON", os.path.join(build, "bin", "smddp-daemon"))
+    env.setdefault("SMDDP_BIN_DIR", os.path.join(build, "bin"))
     script = [sys.executable, os.path.abspath(__file__)] + argv
     if opts.launcher == "smddprun":
         cmd = [os.path.join(build, "bin", "smddprun"), "--nproc-per-node", str(nproc), "--"] + script
@@ -162,6 +163,16 @@ def bench(opts):
 
     if opts.overlap:
         results["overlap"] = overlap(dist, torch, dev, sdp, nccl, n, say)
+    if rank == 0:
+        # The daemon's view: kernel launches per operation (SDP AllGather: copy engines only).
+        from smdistributed.dataparallel.torch import _smddp_c
+        ctl = os.path.join(os.environ.get("SMDDP_BIN_DIR", ""), "smddp-ctl")
+        job = (_smddp_c.client_info() or {}).get("job_id", "")
+        if os.access(ctl, os.X_OK) and job:
+            st = subprocess.run([ctl, "status", "--job", job], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, timeout=30).stdout
+            say("\n# smddp-ctl status --job %s\n%s" % (job, st))
+            results["smddp_ctl_status"] = st
     if rank == 0 and opts.json:
         with open(opts.json, "w") as f:
             json.dump(results, f, indent=1)
