@@ -815,6 +815,7 @@ class CommImpl final : public Communicator {
     p.wait_value = c.wait_value;
     if (c.stream_value) p.base.flags |= ipc::kFlagStreamValue;
     if (c.stream_value && c.device_flags) p.base.flags |= ipc::kFlagDeviceFlags;
+    if (c.stream_value && !c.device_flags && c.daemon_cpu_wait) p.base.flags |= ipc::kFlagDaemonCpuWait;
     if (splits) {
       const auto n = static_cast<std::size_t>(size());
       if (c.splits.size() != 2 * n)

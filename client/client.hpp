@@ -80,6 +80,7 @@ struct DeviceCall {
   // (GpuSyncArea) and the daemon waits until that flag reaches wait_value.
   bool stream_value = false;
   bool device_flags = false;  // the flags are in the published GPU flag block
+  bool daemon_cpu_wait = false;  // host flags; the daemon waits on its CPU (kFlagDaemonCpuWait)
   std::uint64_t wait_value = 0;
   std::vector<std::uint64_t> splits;
 };

@@ -184,7 +184,8 @@ int Daemon::loop() {
   Clock::time_point last_activity = Clock::now();
   for (;;) {
     const auto now = Clock::now();
-    if (poll_rings(now)) {
+    const bool polled = poll_rings(now);
+    if (gpu_progress() || polled) {
       last_activity = now;
       if (now - last_housekeeping_ >= kHousekeepingEvery) housekeeping(now);
       continue;
@@ -200,6 +201,11 @@ int Daemon::loop() {
     auto& bell = segment_.header().daemon_bell;
     const auto ticket = bell.ticket();
     if (any_request_waiting()) continue;
+    if (gpu_ && gpu_->pending()) {
+      // Deferred GPU work waits for a rank's GPU: keep polling its flags.
+      ::sched_yield();
+      continue;
+    }
     bell.wait(ticket, kIdleSleep);
   }
   // Last look: requests that raced with the final exits still get an answer.
@@ -299,7 +305,11 @@ void Daemon::resolve(std::vector<Match> matches) {
       try {
         const bool device = std::any_of(m.posted.begin(), m.posted.end(),
                                         [](const Posted& p) { return cuda::is_device_request(p.desc); });
-        err = device ? run_device(m, events, bytes) : host_.run(m, bytes);
+        const bool deferred = device && std::all_of(m.posted.begin(), m.posted.end(), [](const Posted& p) {
+          return (p.desc.flags & ipc::kFlagDaemonCpuWait) != 0;
+        });
+        if (deferred && gpu()) err = gpu_->defer(m, events);  // runs later in gpu_progress()
+        else err = device ? run_device(m, events, bytes) : host_.run(m, bytes);
       } catch (const std::exception& e) {
         err = std::string("internal error: ") + e.what();
       }
@@ -335,6 +345,17 @@ cuda::GpuExecutor* Daemon::gpu() {
     else spdlog::warn("GPU path off: {}", gpu_off_);
   }
   return gpu_.get();
+}
+
+bool Daemon::gpu_progress() {
+  if (!gpu_ || !gpu_->pending()) return false;
+  std::string err;
+  std::uint64_t bytes = 0;
+  const bool did = gpu_->progress(err, bytes);
+  bytes_moved_ += bytes;
+  bw_window_bytes_ += bytes;
+  if (!err.empty()) fail_job("the smddp GPU path failed: " + err, 1);
+  return did;
 }
 
 std::optional<std::string> Daemon::run_device(const Match& m, std::vector<cuda::DoneMark>& events, std::uint64_t& bytes) {
@@ -440,6 +461,7 @@ void Daemon::fail_job(const std::string& error, int exit_code) {
     errors_.push_back({{"time", iso_now()}, {"message", error}});
   }
   resolve(matcher_.fail_all(Status::PeerFailed, error));
+  if (gpu_) gpu_->abort_pending();  // GPU path: release rank streams waiting for promised work
   // Wake every rank so sleepers see the failure now.
   for (int s = 0; s < layout_.nproc_per_node; ++s) segment_.slot(s).client_bell.ring();
 }

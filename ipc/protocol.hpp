@@ -44,8 +44,13 @@ inline constexpr std::uint32_t kFlagStreamValue = 1u << 4;
 // flag_block_handle) rather than in the segment. GPUs re-poll their own memory at once but
 // host memory only every few milliseconds, so this is the fast form.
 inline constexpr std::uint32_t kFlagDeviceFlags = 1u << 5;
-inline constexpr std::uint32_t kKnownFlags =
-    kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk | kFlagStreamValue | kFlagDeviceFlags;
+// With kFlagStreamValue (host-memory flags): the daemon waits for the stream flag on its CPU
+// and enqueues the GPU work only then, so its GPU streams never block on a rank's context
+// (on a GPU shared by two processes a blocked cross-process wait can cost a ~2 ms timeslice).
+// The completion comes at once, with the done value the daemon's GPU will write.
+inline constexpr std::uint32_t kFlagDaemonCpuWait = 1u << 6;
+inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
+                                             kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait;
 
 struct RequestDesc {
   std::uint64_t request_id = 0;  // client-chosen, echoed in the completion

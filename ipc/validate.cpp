@@ -153,6 +153,8 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
   if (r.wait_event != -1 && !device) return bad("a host request carries a CUDA event to wait on");
   if ((r.flags & kFlagStreamValue) && !device) return bad("a host request carries a CUDA stream flag");
   if ((r.flags & kFlagDeviceFlags) && !(r.flags & kFlagStreamValue)) return bad("device flags without stream flags");
+  if ((r.flags & kFlagDaemonCpuWait) && (!(r.flags & kFlagStreamValue) || (r.flags & kFlagDeviceFlags)))
+    return bad("a CPU-side wait needs stream flags in host memory");
   return std::nullopt;
 }
 

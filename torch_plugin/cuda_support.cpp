@@ -133,7 +133,9 @@ struct CudaPath::Impl {
   // Stream-flag modes: flags in a GPU block we allocate and export (default: the GPU re-polls
   // its own memory at once), or in our slot of the segment registered with CUDA ("host":
   // polled every few ms). Interprocess events ("events") are polled as slowly.
-  enum class Mode { DeviceFlags, HostFlags, Events };
+  // "cpu": host flags, and the daemon waits for them on its CPU (kFlagDaemonCpuWait), so its
+  // GPU streams never block on our context (see ipc/protocol.hpp).
+  enum class Mode { DeviceFlags, HostFlags, CpuWait, Events };
   Mode mode = Mode::DeviceFlags;
   bool use_flags = true;
   void* flag_block = nullptr;
@@ -262,7 +264,10 @@ struct CudaPath::Impl {
 CudaPath::CudaPath(std::shared_ptr<client::Client> client) : impl_(std::make_unique<Impl>()) {
   impl_->client = client;
   const std::string mode = std::getenv("SMDDP_GPU_SYNC") ? std::getenv("SMDDP_GPU_SYNC") : "";
-  impl_->mode = mode == "events" ? Impl::Mode::Events : mode == "host" ? Impl::Mode::HostFlags : Impl::Mode::DeviceFlags;
+  impl_->mode = mode == "events" ? Impl::Mode::Events
+                 : mode == "host" ? Impl::Mode::HostFlags
+                 : mode == "cpu"  ? Impl::Mode::CpuWait
+                                  : Impl::Mode::DeviceFlags;
   impl_->use_flags = impl_->mode != Impl::Mode::Events;
 }
 
@@ -332,6 +337,7 @@ void CudaPath::mark_inputs(c10::Device device, client::DeviceCall& call) {
     }
     call.stream_value = true;
     call.device_flags = impl_->mode == Impl::Mode::DeviceFlags;
+    call.daemon_cpu_wait = impl_->mode == Impl::Mode::CpuWait;
     call.wait_event = index;
     call.wait_value = value;
     return;

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <cstring>
 #include <spdlog/spdlog.h>
 #include <stdexcept>
@@ -46,6 +48,10 @@ class GpuExecutorImpl final : public GpuExecutor {
 
   void init();
   std::optional<std::string> run(const Match& m, std::vector<DoneMark>& done, std::uint64_t& bytes) override;
+  std::optional<std::string> defer(const Match& m, std::vector<DoneMark>& done) override;
+  bool progress(std::string& error, std::uint64_t& bytes) override;
+  bool pending() const override { return !deferred_.empty(); }
+  void abort_pending() override;
   GpuStats stats() const override { return stats_; }
   std::string describe() const override { return description_; }
 
@@ -94,6 +100,13 @@ class GpuExecutorImpl final : public GpuExecutor {
   void copy(void* dst, const void* src, std::uint64_t bytes, int dev);
   void reduce(std::vector<const void*> inputs, void* out, std::uint64_t count, const ipc::RequestDesc& d,
               int dev, int group_size);
+
+  struct DeferredOp {
+    Match m;
+    std::vector<std::uint64_t> values;  // promised done values, by member
+  };
+  std::deque<DeferredOp> deferred_;
+  const std::vector<std::uint64_t>* preset_ = nullptr;  // done values run() must use
 
   const ipc::Segment& seg_;
   std::vector<Gpu> gpus_;
@@ -391,7 +404,9 @@ std::optional<std::string> GpuExecutorImpl::run(const Match& m, std::vector<Done
   // Mapping first (it may fail on bad input): nothing is enqueued for a request that fails here.
   // 1. Each rank's inputs are ready once its event fired, waited on from its own GPU.
   for (std::size_t i = 0; i < n; ++i)
-    if (ps[i].desc.wait_event >= 0 && (ps[i].desc.flags & ipc::kFlagStreamValue)) {
+    if (ps[i].desc.flags & ipc::kFlagDaemonCpuWait) {
+      // progress() saw the flag reached on the CPU: nothing to wait for on the GPU.
+    } else if (ps[i].desc.wait_event >= 0 && (ps[i].desc.flags & ipc::kFlagStreamValue)) {
       auto* flag = wait_flag(ps[i]);
       set_device(dev[i]);
       if (!wait_value_) throw std::runtime_error("the CUDA driver lacks stream memory operations");
@@ -578,7 +593,7 @@ std::optional<std::string> GpuExecutorImpl::run(const Match& m, std::vector<Done
       // One increasing done flag per rank: every write for this rank is on its GPU's one
       // stream, so a value reached means every earlier one was too.
       if (!write_value_) throw std::runtime_error("the CUDA driver lacks stream memory operations");
-      const std::uint64_t v = ++r.done_seq;
+      const std::uint64_t v = preset_ ? (*preset_)[i] : ++r.done_seq;
       set_device(r.dev);
       if (const auto w = write_value_(reinterpret_cast<CUstream>(gpus_[static_cast<std::size_t>(r.dev)].stream),
                                       reinterpret_cast<CUdeviceptr>(done_flag(ps[i])), v, 0);
@@ -600,6 +615,70 @@ std::optional<std::string> GpuExecutorImpl::run(const Match& m, std::vector<Done
   stats_.kernels_by_op[key] += op_kernels_;
   stats_.ops_by_op[key] += 1;
   return std::nullopt;
+}
+
+std::optional<std::string> GpuExecutorImpl::defer(const Match& m, std::vector<DoneMark>& done) {
+  const auto& ps = m.posted;
+  const std::size_t n = ps.size();
+  if (!flags_host_) return "this daemon cannot use CUDA stream flags in host memory (" + description_ + ")";
+  std::vector<int> devs;
+  for (const auto& p : ps) {
+    if (!(p.desc.flags & ipc::kFlagDaemonCpuWait))
+      return "rank " + std::to_string(seg_.slot(p.slot).rank) + " mixes GPU synchronization modes in one collective";
+    const int d = rank(p.slot).dev;
+    if (std::find(devs.begin(), devs.end(), d) == devs.end()) devs.push_back(d);
+  }
+  // Map now: a bad buffer fails the request before anything is promised.
+  for (const auto& p : ps)
+    for (int d : devs) {
+      if (p.desc.input.kind == BufferKind::CudaIpc && p.desc.input.bytes) map(p, p.desc.input, d);
+      if (p.desc.output.kind == BufferKind::CudaIpc && p.desc.output.bytes) map(p, p.desc.output, d);
+    }
+  DeferredOp op{m, std::vector<std::uint64_t>(n)};
+  done.assign(n, DoneMark{});
+  for (std::size_t i = 0; i < n; ++i) {
+    op.values[i] = ++rank(ps[i].slot).done_seq;  // in match order: increasing per rank
+    done[i].value = op.values[i];
+  }
+  deferred_.push_back(std::move(op));
+  return std::nullopt;
+}
+
+bool GpuExecutorImpl::progress(std::string& error, std::uint64_t& bytes) {
+  bool did = false;
+  while (!deferred_.empty()) {
+    auto& head = deferred_.front();
+    for (const auto& p : head.m.posted) {
+      if (p.desc.wait_event < 0) continue;
+      auto& flag = seg_.slot(p.slot).stream_flags[p.desc.wait_event];
+      if (std::atomic_ref<std::uint64_t>(flag).load(std::memory_order_acquire) < p.desc.wait_value) return did;
+    }
+    std::vector<DoneMark> done;
+    std::uint64_t b = 0;
+    preset_ = &head.values;
+    std::optional<std::string> err;
+    try {
+      err = run(head.m, done, b);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    preset_ = nullptr;
+    if (err) {
+      error = *err;
+      return did;
+    }
+    bytes += b;
+    deferred_.pop_front();
+    did = true;
+  }
+  return did;
+}
+
+void GpuExecutorImpl::abort_pending() {
+  for (auto& op : deferred_)
+    for (std::size_t i = 0; i < op.m.posted.size(); ++i)
+      std::atomic_ref<std::uint64_t>(seg_.slot(op.m.posted[i].slot).done_flag).store(op.values[i], std::memory_order_release);
+  deferred_.clear();
 }
 
 }  // namespace

@@ -54,6 +54,17 @@ class GpuExecutor {
   // m.posted[i]'s completion on its GPU and `bytes` the bytes written; else an error text.
   virtual std::optional<std::string> run(const Match& m, std::vector<DoneMark>& done, std::uint64_t& bytes) = 0;
 
+  // Deferred form, for requests with kFlagDaemonCpuWait: maps every buffer now, promises
+  // each member a done value (in `done`), and queues the match; progress() enqueues it on
+  // the GPUs once every member's stream flag (host memory) reached its value.
+  virtual std::optional<std::string> defer(const Match& m, std::vector<DoneMark>& done) = 0;
+  // Enqueues the deferred matches whose inputs are ready, in order. Returns whether any ran;
+  // sets `error` when the GPU refused one (the caller fails the job) and adds to `bytes`.
+  virtual bool progress(std::string& error, std::uint64_t& bytes) = 0;
+  virtual bool pending() const = 0;
+  // Job failure: writes every promised done value from the CPU, releasing waiting streams.
+  virtual void abort_pending() = 0;
+
   virtual GpuStats stats() const = 0;
   virtual std::string describe() const = 0;  // "2 GPUs (NVIDIA H200 x2), peer access"
 };
