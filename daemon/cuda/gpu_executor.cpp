@@ -420,7 +420,9 @@ std::optional<std::string> GpuExecutorImpl::run(const Match& m, std::vector<Done
       set_device(dev[i]);
       check(cudaStreamWaitEvent(gpus_[static_cast<std::size_t>(dev[i])].stream, ev, 0), "cudaStreamWaitEvent (rank event)");
     }
-  join(devs);
+  // Inputs checked ready on the CPU (deferred form) need no cross-GPU join first; the join
+  // at the end still orders this operation before the next on every GPU.
+  if (!preset_) join(devs);
 
   const auto ur = static_cast<std::size_t>(root);
   switch (d0.op) {
