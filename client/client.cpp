@@ -264,6 +264,7 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
   const std::uint64_t e = ipc::dtype_size(p.base.dtype);
   const std::uint64_t off = k * p.chunk;
   const std::uint64_t bytes = op.stage_bytes(k);
+  if (p.device) return submit_device_locked(op);
   auto at = alloc_.allocate(bytes);
   if (!at) return false;
 
@@ -315,6 +316,73 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
   return true;
 }
 
+bool ClientImpl::submit_device_locked(OpState& op) {
+  const auto& p = op.plan_;
+  std::uint64_t at = kNoRegion;
+  if (!p.aux.empty()) {
+    auto a = alloc_.allocate(p.aux.size());
+    if (!a) return false;
+    at = *a;
+  }
+  ipc::RequestDesc d = p.base;
+  d.request_id = next_request_id_++;
+  d.chunk_offset = 0;
+  d.flags |= ipc::kFlagLastChunk;
+  d.input = p.dev_in;
+  d.output = p.dev_out;
+  d.wait_event = p.wait_event;
+  d.wait_value = p.wait_value;
+  if (at != kNoRegion) {
+    d.aux.kind = BufferKind::Arena;
+    d.aux.offset = at;
+    d.aux.bytes = p.aux.size();
+    std::memcpy(arena_.data() + at, p.aux.data(), p.aux.size());
+  }
+  if (!slot_.requests.try_push(d)) {
+    if (at != kNoRegion) alloc_.free(at);
+    --next_request_id_;
+    return false;
+  }
+  inflight_.emplace(d.request_id, Inflight{op.shared_from_this(), 0, at, 0});
+  ++op.next_;
+  ++op.inflight_;
+  return true;
+}
+
+int ClientImpl::export_event(const std::array<std::uint8_t, 64>& handle) {
+  std::lock_guard lk(events_mu_);
+  const auto n = slot_.event_count.load(std::memory_order_relaxed);
+  if (n >= static_cast<std::uint32_t>(ipc::kMaxEvents))
+    throw Error(Status::Unsupported, "this rank exported " + std::to_string(n) +
+                                         " CUDA events, the most the daemon's table holds");
+  std::memcpy(slot_.event_handles[n], handle.data(), handle.size());
+  slot_.event_count.store(n + 1, std::memory_order_release);  // publishes the handle
+  return static_cast<int>(n);
+}
+
+std::optional<std::array<std::uint8_t, 64>> ClientImpl::daemon_event_handle(int index) const {
+  const auto n = slot_.daemon_event_count.load(std::memory_order_acquire);
+  if (index < 0 || static_cast<std::uint32_t>(index) >= n || index >= ipc::kMaxDaemonEvents) return std::nullopt;
+  std::array<std::uint8_t, 64> h{};
+  std::memcpy(h.data(), slot_.daemon_event_handles[index], h.size());
+  return h;
+}
+
+std::optional<Client::GpuSyncArea> ClientImpl::gpu_sync_area() {
+  GpuSyncArea a;
+  a.region = &slot_;
+  a.bytes = segment_.header().slot_bytes;
+  a.stream_flags = slot_.stream_flags;
+  a.stream_flag_count = ipc::kMaxEvents;
+  a.done_flag = &slot_.done_flag;
+  return a;
+}
+
+void ClientImpl::publish_flag_block(const std::array<std::uint8_t, 64>& handle) {
+  std::memcpy(slot_.flag_block_handle, handle.data(), handle.size());
+  slot_.flag_block_published.store(1, std::memory_order_release);
+}
+
 void ClientImpl::finish_locked(OpState& op, Deferred& callbacks) {
   if (op.done_.load(std::memory_order_relaxed)) return;
   op.done_.store(true, std::memory_order_release);
@@ -336,7 +404,10 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
     callbacks.released.push_back(inf.op);
     --op.inflight_;
     ++op.finished_;
-    if (c.status == Status::Ok && op.status_ == Status::Ok) {
+    if (c.status == Status::Ok && op.plan_.device) {
+      op.daemon_value_.store(c.daemon_value, std::memory_order_release);
+      op.daemon_event_.store(c.daemon_event, std::memory_order_release);
+    } else if (c.status == Status::Ok && op.status_ == Status::Ok) {
       const auto& p = op.plan_;
       const std::uint64_t e = ipc::dtype_size(p.base.dtype);
       const std::byte* base = arena_.data();
@@ -359,7 +430,7 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
       op.error_ = std::string(c.error_text());
       op.next_ = op.nchunks_;  // submit no more of it
     }
-    alloc_.free(inf.offset);
+    if (inf.offset != kNoRegion) alloc_.free(inf.offset);
     p2p_bytes_ -= inf.p2p_bytes;
     if (op.inflight_ == 0 && (op.finished_ == op.nchunks_ || op.status_ != Status::Ok)) finish_locked(op, callbacks);
   }
@@ -729,6 +800,49 @@ class CommImpl final : public Communicator {
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = rank_ == root ? static_cast<std::uint64_t>(size()) : 0;
     p.out_blocks = 1;
+    return go(std::move(p), o);
+  }
+
+  WorkPtr device_op(const DeviceCall& c, const CallOptions& o) override {
+    const bool p2p = c.op == OpType::Send || c.op == OpType::Recv;
+    const bool splits = c.op == OpType::AllToAll && !c.splits.empty();
+    auto p = p2p ? plan_p2p(c.op, c.dtype, c.count, c.root, c.tag, o) : plan(c.op, c.dtype, splits ? 0 : c.count, o);
+    if (c.op == OpType::Broadcast || c.op == OpType::Reduce || c.op == OpType::Gather || c.op == OpType::Scatter) {
+      check_root(c.root);
+      p.base.root = c.root;
+    }
+    p.base.reduce_op = c.reduce_op;
+    if (c.op == OpType::AllGather && o.sdp) p.base.flags |= ipc::kFlagSdp;
+    p.device = true;
+    p.unchunked = true;
+    p.base.chunk_count = p.base.count;
+    const auto ref = [](const std::optional<DeviceBuffer>& b) {
+      ipc::BufferRef r;
+      if (!b) return r;
+      r.kind = BufferKind::CudaIpc;
+      r.offset = b->offset;
+      r.bytes = b->bytes;
+      r.alloc_id = b->alloc_id;
+      r.alloc_bytes = b->alloc_bytes;
+      std::memcpy(r.ipc_handle, b->ipc_handle.data(), sizeof r.ipc_handle);
+      return r;
+    };
+    p.dev_in = ref(c.input);
+    p.dev_out = ref(c.output);
+    p.wait_event = c.wait_event;
+    p.wait_value = c.wait_value;
+    if (c.stream_value) p.base.flags |= ipc::kFlagStreamValue;
+    if (c.stream_value && c.device_flags) p.base.flags |= ipc::kFlagDeviceFlags;
+    if (c.stream_value && !c.device_flags && c.daemon_cpu_wait) p.base.flags |= ipc::kFlagDaemonCpuWait;
+    if (splits) {
+      const auto n = static_cast<std::size_t>(size());
+      if (c.splits.size() != 2 * n)
+        throw Error(Status::InvalidRequest, "alltoall split lists must have one entry per rank (" + std::to_string(n) + ")");
+      p.base.flags |= ipc::kFlagSplits;
+      std::vector<std::int64_t> table(c.splits.begin(), c.splits.end());
+      p.aux.resize(table.size() * sizeof(std::int64_t));
+      std::memcpy(p.aux.data(), table.data(), p.aux.size());
+    }
     return go(std::move(p), o);
   }
 

@@ -11,10 +11,12 @@
 // done. Collectives on one Communicator must be issued in the same order on every member.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +54,37 @@ struct AttachOptions {
   static AttachOptions from_env();
 };
 
+// A CUDA buffer as the daemon maps it (the GPU path). The client never touches CUDA: the
+// framework plugin fills these from cudaIpcGetMemHandle and the allocation's buffer id.
+struct DeviceBuffer {
+  std::array<std::uint8_t, 64> ipc_handle{};  // of the allocation that holds the buffer
+  std::uint64_t alloc_id = 0;                 // the allocation's buffer id: the daemon's cache key
+  std::uint64_t alloc_bytes = 0;              // size of that allocation
+  std::uint64_t offset = 0;                   // first byte of the buffer in the allocation
+  std::uint64_t bytes = 0;                    // bytes the operation reads or writes
+};
+
+// One collective or send/recv on CUDA buffers. Counts mean what they mean for the host
+// methods of Communicator (per-rank counts for allgather/reduce_scatter/gather/scatter,
+// per-peer for an even alltoall). `splits` (alltoallv only): send counts then receive counts.
+struct DeviceCall {
+  OpType op = OpType::AllReduce;
+  DType dtype = DType::Float32;
+  ReduceOp reduce_op = ReduceOp::Sum;
+  int root = 0;  // root, or the peer of send/recv
+  int tag = 0;
+  std::uint64_t count = 0;
+  std::optional<DeviceBuffer> input, output;
+  int wait_event = -1;  // index from Client::export_event, recorded after the inputs were written
+  // Stream-flag synchronization instead of events: wait_event indexes the stream flags
+  // (GpuSyncArea) and the daemon waits until that flag reaches wait_value.
+  bool stream_value = false;
+  bool device_flags = false;  // the flags are in the published GPU flag block
+  bool daemon_cpu_wait = false;  // host flags; the daemon waits on its CPU (kFlagDaemonCpuWait)
+  std::uint64_t wait_value = 0;
+  std::vector<std::uint64_t> splits;
+};
+
 struct CallOptions {
   std::chrono::milliseconds timeout{0};  // 0: the communicator's default
   double scale = 1.0;                    // PREMUL_SUM factor
@@ -72,6 +105,11 @@ class Work {
   // Runs `cb` exactly once when the operation finishes (at once if it already has), on the
   // thread that completes it. `cb` must not block on other smddp operations.
   virtual void on_complete(std::function<void()> cb) = 0;
+  // GPU path: once done() and successful, the index of the daemon event (Client::
+  // daemon_event_handle) that marks the device work finished; -1 for host operations.
+  virtual int daemon_event() const { return -1; }
+  // GPU path with stream flags: the done flag value that marks the device work finished.
+  virtual std::uint64_t daemon_value() const { return 0; }
 };
 using WorkPtr = std::shared_ptr<Work>;
 
@@ -112,6 +150,14 @@ class Communicator {
   // in: size() * count elements on the root (may be null elsewhere).
   virtual WorkPtr scatter(const void* in, void* out, std::uint64_t count, DType, int root,
                           const CallOptions& = {}) = 0;
+
+  // CUDA buffers (the GPU path): the daemon waits for `call.wait_event`, runs the operation on
+  // its GPU streams and records the daemon event the Work names. Completes (on the CPU) as
+  // soon as the work is enqueued; the caller orders its stream after daemon_event().
+  virtual WorkPtr device_op(const DeviceCall& call, const CallOptions& = {}) {
+    (void)call;
+    throw Error(Status::Unsupported, "this communicator has no GPU path");
+  }
 };
 using CommunicatorPtr = std::shared_ptr<Communicator>;
 
@@ -147,6 +193,31 @@ class Client {
   // rank as exited cleanly. For hosts that keep clients alive until the process ends (torch
   // 2.x never destroys a registered process group). Idempotent.
   virtual void detach() = 0;
+
+  // GPU path. Publishes an interprocess event handle (cudaIpcEventHandle_t bytes) to the
+  // daemon; returns its index for DeviceCall::wait_event. Throws Error when the table is full.
+  virtual int export_event(const std::array<std::uint8_t, 64>& handle) {
+    (void)handle;
+    throw Error(Status::Unsupported, "this client has no GPU path");
+  }
+  // The daemon's event handle `index` (from Work::daemon_event), if the daemon published it.
+  virtual std::optional<std::array<std::uint8_t, 64>> daemon_event_handle(int index) const {
+    (void)index;
+    return std::nullopt;
+  }
+  // GPU path with stream flags: this rank's slot of the segment (to register with CUDA),
+  // its stream flags (written by the rank's GPU) and the done flag (written by the daemon's).
+  struct GpuSyncArea {
+    void* region = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t* stream_flags = nullptr;
+    int stream_flag_count = 0;
+    std::uint64_t* done_flag = nullptr;
+  };
+  virtual std::optional<GpuSyncArea> gpu_sync_area() { return std::nullopt; }
+  // Publishes the IPC handle of this rank's GPU flag block (ipc::kFlagBlockBytes of device
+  // memory: stream flags, then the done flag) for DeviceCall::device_flags requests.
+  virtual void publish_flag_block(const std::array<std::uint8_t, 64>& handle) { (void)handle; }
 };
 using ClientPtr = std::shared_ptr<Client>;
 

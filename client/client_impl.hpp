@@ -50,6 +50,11 @@ struct OpPlan {
   std::vector<std::byte> aux;     // aux payload (split tables, member lists)
   std::uint64_t in_bytes_total = 0, out_bytes_total = 0;  // unchunked forms (alltoallv)
   bool unchunked = false;
+  // GPU path: the buffers travel as prebuilt CUDA references; nothing is staged but aux.
+  bool device = false;
+  ipc::BufferRef dev_in, dev_out;
+  int wait_event = -1;
+  std::uint64_t wait_value = 0;
 };
 
 class OpState final : public Work, public std::enable_shared_from_this<OpState> {
@@ -62,9 +67,13 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
   Status status() const override;
   std::string error() const override;
   void on_complete(std::function<void()> cb) override;
+  int daemon_event() const override { return daemon_event_.load(std::memory_order_acquire); }
+  std::uint64_t daemon_value() const override { return daemon_value_.load(std::memory_order_acquire); }
 
  private:
   friend class ClientImpl;
+  std::atomic<int> daemon_event_{-1};
+  std::atomic<std::uint64_t> daemon_value_{0};
   std::uint64_t chunk_count(std::uint64_t k) const;
   std::uint64_t stage_bytes(std::uint64_t k) const;
 
@@ -100,6 +109,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
                                       std::chrono::milliseconds timeout) override;
   std::string job_error() const override;
   void detach() override;
+  int export_event(const std::array<std::uint8_t, 64>& handle) override;
+  std::optional<std::array<std::uint8_t, 64>> daemon_event_handle(int index) const override;
+  std::optional<GpuSyncArea> gpu_sync_area() override;
+  void publish_flag_block(const std::array<std::uint8_t, 64>& handle) override;
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
   std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);
@@ -115,6 +128,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
 
  private:
   bool submit_chunk_locked(OpState& op);
+  bool submit_device_locked(OpState& op);
   void finish_locked(OpState& op, Deferred& callbacks);
   void fail_all_locked(Status s, const std::string& why, Deferred& callbacks);
   // Checks the daemon: false (and every op failed) once it is gone or the job failed.
@@ -147,6 +161,8 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
     std::uint64_t p2p_bytes;  // arena bytes counted against the p2p budget
   };
   std::unordered_map<std::uint64_t, Inflight> inflight_;
+  static constexpr std::uint64_t kNoRegion = ~std::uint64_t{0};  // device request without aux
+  std::mutex events_mu_;  // export_event may be called from any thread
   std::uint64_t next_request_id_ = 1;
   std::string dead_;  // why the client can no longer work ("" while healthy)
   std::uint64_t last_heartbeat_ = 0;

@@ -16,3 +16,4 @@ if(NOT SMDDP_ONLY_CORE)
   # mpi.h pulls in the C++ bindings unless told not to; we use the C API only.
   target_compile_definitions(smddp-daemon PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
 endif()
+target_link_libraries(smddp_daemon_core PUBLIC smddp_gpu)  # GPU path (issue 5)

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "daemon/control/control_server.hpp"
+#include "daemon/cuda/gpu_executor.hpp"
 #include "daemon/version.hpp"
 #include "ipc/names.hpp"
 #include "ipc/validate.hpp"
@@ -183,7 +184,8 @@ int Daemon::loop() {
   Clock::time_point last_activity = Clock::now();
   for (;;) {
     const auto now = Clock::now();
-    if (poll_rings(now)) {
+    const bool polled = poll_rings(now);
+    if (gpu_progress() || polled) {
       last_activity = now;
       if (now - last_housekeeping_ >= kHousekeepingEvery) housekeeping(now);
       continue;
@@ -199,6 +201,11 @@ int Daemon::loop() {
     auto& bell = segment_.header().daemon_bell;
     const auto ticket = bell.ticket();
     if (any_request_waiting()) continue;
+    if (gpu_ && gpu_->pending()) {
+      // Deferred GPU work waits for a rank's GPU: keep polling its flags.
+      ::sched_yield();
+      continue;
+    }
     bell.wait(ticket, kIdleSleep);
   }
   // Last look: requests that raced with the final exits still get an answer.
@@ -264,6 +271,13 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     ctx.group_rank = *g;
     p.group_rank = *g;
   }
+  // --- GPU path (issue 5): CUDA buffers need the GPU executor, created on first use.
+  if (cuda::is_device_request(d)) {
+    ctx.cuda_enabled = gpu() != nullptr;
+    if (!ctx.cuda_enabled)
+      return complete(p, Status::Unsupported, "smddp: CUDA tensors need the daemon's GPU path, which is off: " + gpu_off_);
+  }
+  // --- end GPU path
   if (auto err = ipc::validate_request(d, ctx)) {
     spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
     return complete(p, Status::InvalidRequest, *err);
@@ -284,11 +298,18 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
 
 void Daemon::resolve(std::vector<Match> matches) {
   for (auto& m : matches) {
+    std::vector<cuda::DoneMark> events;  // GPU path: what marks each member's part done
     if (m.status == Status::Ok && m.comm && m.posted.front().desc.op != OpType::CommCreate) {
       std::uint64_t bytes = 0;
       std::optional<std::string> err;
       try {
-        err = host_.run(m, bytes);
+        const bool device = std::any_of(m.posted.begin(), m.posted.end(),
+                                        [](const Posted& p) { return cuda::is_device_request(p.desc); });
+        const bool deferred = device && std::all_of(m.posted.begin(), m.posted.end(), [](const Posted& p) {
+          return (p.desc.flags & ipc::kFlagDaemonCpuWait) != 0;
+        });
+        if (deferred && gpu()) err = gpu_->defer(m, events);  // runs later in gpu_progress()
+        else err = device ? run_device(m, events, bytes) : host_.run(m, bytes);
       } catch (const std::exception& e) {
         err = std::string("internal error: ") + e.what();
       }
@@ -309,11 +330,42 @@ void Daemon::resolve(std::vector<Match> matches) {
       errors_.push_back({{"time", iso_now()}, {"message", m.error}});
       if (errors_.size() > kMaxErrorsKept) errors_.erase(errors_.begin());
     }
-    for (const auto& p : m.posted) complete(p, m.status, m.error);
+    for (std::size_t i = 0; i < m.posted.size(); ++i)
+      if (i < events.size() && m.status == Status::Ok) complete(m.posted[i], m.status, m.error, events[i].event, events[i].value);
+      else complete(m.posted[i], m.status, m.error);
   }
 }
 
-void Daemon::complete(const Posted& p, Status status, std::string_view error) {
+// --- GPU path (issue 5) -------------------------------------------------------------------
+cuda::GpuExecutor* Daemon::gpu() {
+  if (!gpu_tried_) {
+    gpu_tried_ = true;
+    gpu_ = cuda::GpuExecutor::create(segment_, gpu_off_);
+    if (gpu_) spdlog::info("GPU path on: {}", gpu_->describe());
+    else spdlog::warn("GPU path off: {}", gpu_off_);
+  }
+  return gpu_.get();
+}
+
+bool Daemon::gpu_progress() {
+  if (!gpu_ || !gpu_->pending()) return false;
+  std::string err;
+  std::uint64_t bytes = 0;
+  const bool did = gpu_->progress(err, bytes);
+  bytes_moved_ += bytes;
+  bw_window_bytes_ += bytes;
+  if (!err.empty()) fail_job("the smddp GPU path failed: " + err, 1);
+  return did;
+}
+
+std::optional<std::string> Daemon::run_device(const Match& m, std::vector<cuda::DoneMark>& events, std::uint64_t& bytes) {
+  if (!gpu()) return "smddp: CUDA tensors need the daemon's GPU path, which is off: " + gpu_off_;
+  return gpu_->run(m, events, bytes);
+}
+// --- end GPU path
+
+void Daemon::complete(const Posted& p, Status status, std::string_view error, int daemon_event,
+                      std::uint64_t daemon_value) {
   auto& slot = segment_.slot(p.slot);
   auto& info = ranks_[static_cast<std::size_t>(p.slot)];
   if (info.pending) --info.pending;
@@ -322,6 +374,8 @@ void Daemon::complete(const Posted& p, Status status, std::string_view error) {
   c.comm_id = p.desc.comm_id;
   c.seq = p.desc.seq;
   c.status = status;
+  c.daemon_event = daemon_event;
+  c.daemon_value = daemon_value;
   if (status != Status::Ok) c.set_error(error);
   // Clients keep at most kCompletionRingCapacity requests in flight, so this fits; a full
   // ring means a client broke that rule.
@@ -407,6 +461,7 @@ void Daemon::fail_job(const std::string& error, int exit_code) {
     errors_.push_back({{"time", iso_now()}, {"message", error}});
   }
   resolve(matcher_.fail_all(Status::PeerFailed, error));
+  if (gpu_) gpu_->abort_pending();  // GPU path: release rank streams waiting for promised work
   // Wake every rank so sleepers see the failure now.
   for (int s = 0; s < layout_.nproc_per_node; ++s) segment_.slot(s).client_bell.ring();
 }
@@ -459,10 +514,24 @@ void Daemon::update_status(Clock::time_point now) {
              {"ranks", std::move(ranks)},
              {"collectives_done", collectives_done_},
              {"bytes_moved", bytes_moved_},
-             {"kernel_launches", 0},
+             {"kernel_launches", gpu_ ? gpu_->stats().kernel_launches : 0},
+             {"gpu", gpu_status()},
              {"recent_bandwidth_gbps", recent_gbps_},
              {"stalls", std::move(stalls)},
              {"job_error", job_error_}};
+}
+
+nlohmann::json Daemon::gpu_status() const {
+  if (!gpu_) return {{"enabled", false}, {"why", gpu_tried_ ? gpu_off_ : std::string("not started (no CUDA request yet)")}};
+  const auto st = gpu_->stats();
+  return {{"enabled", true},
+          {"devices", gpu_->describe()},
+          {"kernel_launches", st.kernel_launches},
+          {"copies", st.copies},
+          {"stream_flags", st.stream_values},
+          {"enqueue_us_total", st.enqueue_us},
+          {"kernel_launches_by_op", st.kernels_by_op},
+          {"operations_by_op", st.ops_by_op}};
 }
 
 nlohmann::json Daemon::snapshot() const {

@@ -25,6 +25,10 @@
 namespace smddp::daemon {
 
 class ControlServer;
+namespace cuda {
+class GpuExecutor;
+struct DoneMark;
+}
 
 struct JobLayout {
   std::string job_id;
@@ -67,7 +71,8 @@ class Daemon {
   bool poll_rings(Clock::time_point now);
   void handle_request(int slot, const ipc::RequestDesc& d, Clock::time_point now);
   void resolve(std::vector<Match> matches);
-  void complete(const Posted& p, ipc::Status status, std::string_view error);
+  void complete(const Posted& p, ipc::Status status, std::string_view error, int daemon_event = -1,
+                std::uint64_t daemon_value = 0);
   void housekeeping(Clock::time_point now);
   int loop();
   bool finished(Clock::time_point now);
@@ -77,6 +82,14 @@ class Daemon {
   bool any_request_waiting() const;
   void update_status(Clock::time_point now);
   nlohmann::json snapshot() const;
+  // --- GPU path (issue 5) ---
+  // The GPU executor, created on the first CUDA request (nullptr while off; why in gpu_off_).
+  cuda::GpuExecutor* gpu();
+  // Runs a device match: fills each member's daemon event, or returns an error.
+  std::optional<std::string> run_device(const Match& m, std::vector<cuda::DoneMark>& done, std::uint64_t& bytes);
+  nlohmann::json gpu_status() const;
+  // Enqueues deferred GPU work whose inputs became ready; true if any ran.
+  bool gpu_progress();
 
   JobLayout layout_;
   DaemonConfig config_;
@@ -85,6 +98,9 @@ class Daemon {
   HostExecutor host_;
   Supervisor supervisor_;
   std::unique_ptr<ControlServer> control_;
+  std::unique_ptr<cuda::GpuExecutor> gpu_;  // GPU path (issue 5)
+  bool gpu_tried_ = false;
+  std::string gpu_off_;
   std::vector<RankInfo> ranks_;
   std::vector<int> exited_slots_;
 

@@ -36,7 +36,21 @@ inline constexpr std::uint32_t kFlagInPlace = 1u << 0;
 inline constexpr std::uint32_t kFlagSdp = 1u << 1;        // sharded-data-parallel AllGather path
 inline constexpr std::uint32_t kFlagSplits = 1u << 2;     // AllToAll with explicit splits in aux
 inline constexpr std::uint32_t kFlagLastChunk = 1u << 3;  // last chunk of a chunked collective
-inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk;
+// GPU path: wait_event indexes the rank's stream flags (RankSlot::stream_flags) and the
+// daemon's GPU waits until that flag reaches wait_value; the completion answers with
+// daemon_value (RankSlot::done_flag) instead of an event.
+inline constexpr std::uint32_t kFlagStreamValue = 1u << 4;
+// With kFlagStreamValue: the flags live in the rank's GPU flag block (RankSlot::
+// flag_block_handle) rather than in the segment. GPUs re-poll their own memory at once but
+// host memory only every few milliseconds, so this is the fast form.
+inline constexpr std::uint32_t kFlagDeviceFlags = 1u << 5;
+// With kFlagStreamValue (host-memory flags): the daemon waits for the stream flag on its CPU
+// and enqueues the GPU work only then, so its GPU streams never block on a rank's context
+// (on a GPU shared by two processes a blocked cross-process wait can cost a ~2 ms timeslice).
+// The completion comes at once, with the done value the daemon's GPU will write.
+inline constexpr std::uint32_t kFlagDaemonCpuWait = 1u << 6;
+inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
+                                             kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait;
 
 struct RequestDesc {
   std::uint64_t request_id = 0;  // client-chosen, echoed in the completion
@@ -55,6 +69,8 @@ struct RequestDesc {
   double scale = 1.0;              // PREMUL_SUM factor
   std::uint32_t timeout_ms = 0;    // the process group's timeout; 0: daemon default
   std::int32_t wait_event = -1;    // index in the rank's event table to wait on (GPU)
+  std::uint32_t reserved1 = 0;
+  std::uint64_t wait_value = 0;    // kFlagStreamValue: the stream flag value to wait for
   BufferRef input;
   BufferRef output;
   BufferRef aux;  // AllToAll splits (2*size int64: send then recv), CommCreate members
@@ -69,6 +85,7 @@ struct CompletionDesc {
   Status status = Status::Ok;
   std::uint8_t reserved[3] = {};
   std::int32_t daemon_event = -1;  // GPU: index of the daemon event that marks it done
+  std::uint64_t daemon_value = 0;  // GPU, kFlagStreamValue: done_flag reaches it when done
   char error[kErrorTextBytes] = {};
 
   void set_error(std::string_view text) noexcept {

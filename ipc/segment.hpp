@@ -26,11 +26,12 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kLayoutVersion = 2;  // 2: daemon event table per rank (GPU path)
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
 inline constexpr int kMaxEvents = 256;
+inline constexpr int kMaxDaemonEvents = 64;
 inline constexpr std::size_t kJobIdBytes = 64;
 inline constexpr std::size_t kBusIdBytes = 32;
 
@@ -71,9 +72,31 @@ struct RankSlot {
   Doorbell client_bell;                  // rung by the daemon after posting completions
   SpscRing<RequestDesc, kRequestRingCapacity> requests;
   SpscRing<CompletionDesc, kCompletionRingCapacity> completions;
+  // Rank -> daemon: interprocess events the rank exported (append-only; a request's
+  // wait_event indexes here). The rank writes a handle, then publishes it by bumping the count.
   std::atomic<std::uint32_t> event_count{0};
   std::uint8_t event_handles[kMaxEvents][kCudaIpcHandleBytes] = {};
+  // Daemon -> rank: the daemon's interprocess events, created on this rank's GPU (a rank may
+  // wait on them only from its own GPU); a completion's daemon_event indexes here. Written
+  // once by the daemon before the first completion that names them.
+  std::atomic<std::uint32_t> daemon_event_count{0};
+  std::uint8_t daemon_event_handles[kMaxDaemonEvents][kCudaIpcHandleBytes] = {};
+  // GPU path with stream memory operations (kFlagStreamValue; interprocess event waits are
+  // slow): the rank's GPU writes stream_flags[s] (one per CUDA stream of the rank, values
+  // increasing) after a request's inputs; the daemon's GPU waits until it reaches the
+  // request's wait_value. The daemon's GPU writes done_flag (increasing) after the work; the
+  // rank's GPU waits until it reaches the completion's daemon_value. Both processes register
+  // these pages with CUDA (cudaHostRegister) and only GPUs write them.
+  alignas(64) std::uint64_t stream_flags[kMaxEvents] = {};
+  alignas(64) std::uint64_t done_flag = 0;
+  // kFlagDeviceFlags: the same flags in GPU memory the rank allocated on its GPU
+  // (kMaxEvents stream flags, then the done flag), exported for the daemon to map; published
+  // by setting flag_block_published after the handle is written.
+  std::uint8_t flag_block_handle[kCudaIpcHandleBytes] = {};
+  std::atomic<std::uint32_t> flag_block_published{0};
 };
+inline constexpr std::size_t kFlagBlockBytes = 4096;  // >= (kMaxEvents + 1) * 8
+static_assert((kMaxEvents + 1) * 8 <= kFlagBlockBytes);
 
 struct SegmentSpec {
   std::string job_id;

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "ipc/segment.hpp"
 #include "ipc/types.hpp"
 
 namespace smddp::ipc {
@@ -128,8 +129,13 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
                  ") exceeds count " + std::to_string(r.count));
     if (r.chunk_count == 0 && r.count != 0) return bad("empty chunk of a non-empty collective");
   }
-  if (r.wait_event < -1 || r.wait_event >= ctx.event_count)
+  if (r.flags & kFlagStreamValue) {
+    if (r.wait_event < -1 || r.wait_event >= kMaxEvents)
+      return bad("stream flag index " + std::to_string(r.wait_event) + " is outside the table of " +
+                 std::to_string(kMaxEvents));
+  } else if (r.wait_event < -1 || r.wait_event >= ctx.event_count) {
     if (r.wait_event != -1) return bad("event index " + std::to_string(r.wait_event) + " was never exported");
+  }
   if (!(r.scale == r.scale)) return bad("scale is NaN");
 
   const auto want = expected_bytes(r, ctx.group_size, ctx.group_rank);
@@ -138,6 +144,17 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
   if (auto err = check_buffer("input", r.input, want->input, ctx, elem)) return bad(*err);
   if (auto err = check_buffer("output", r.output, want->output, ctx, elem)) return bad(*err);
   if (auto err = check_buffer("aux", r.aux, want->aux, ctx, r.op == OpType::CommCreate ? 4 : 8)) return bad(*err);
+  // Split tables and member lists are read by the daemon's CPU: they live in the arena.
+  if (r.aux.kind == BufferKind::CudaIpc) return bad("the aux buffer must be in the staging arena, not CUDA memory");
+  // One request is all host or all device: the daemon runs it on one executor.
+  if (r.input.kind != BufferKind::None && r.output.kind != BufferKind::None && r.input.kind != r.output.kind)
+    return bad("input and output must both be host tensors or both CUDA tensors");
+  const bool device = r.input.kind == BufferKind::CudaIpc || r.output.kind == BufferKind::CudaIpc;
+  if (r.wait_event != -1 && !device) return bad("a host request carries a CUDA event to wait on");
+  if ((r.flags & kFlagStreamValue) && !device) return bad("a host request carries a CUDA stream flag");
+  if ((r.flags & kFlagDeviceFlags) && !(r.flags & kFlagStreamValue)) return bad("device flags without stream flags");
+  if ((r.flags & kFlagDaemonCpuWait) && (!(r.flags & kFlagStreamValue) || (r.flags & kFlagDeviceFlags)))
+    return bad("a CPU-side wait needs stream flags in host memory");
   return std::nullopt;
 }
 

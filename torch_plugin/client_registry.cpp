@@ -8,6 +8,7 @@
 #include <string>
 #include <mutex>
 
+#include "torch_plugin/cuda_support.hpp"
 #include "torch_plugin/errors.hpp"
 
 namespace smddp::torch_plugin {
@@ -57,6 +58,8 @@ std::shared_ptr<client::Client> shared_client() {
                                                            (why.find("smddprun") == std::string::npos ? kHowToStart : ""));
   }
   opts.attach_timeout = attach_timeout_from_env();
+  // The daemon finds this rank's GPU by PCI bus id (GPU path); "" without a GPU.
+  opts.device_bus_id = gpu::local_bus_id();
   std::shared_ptr<client::Client> c;
   try {
     c = client::Client::attach(opts);

@@ -155,11 +155,69 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::run(const c10::intrusive_ptr<W
 }
 
 void ProcessGroupSMDDP::require_supported_path(const char* op, DevicePath path) const {
-  if (path == DevicePath::Cuda) {
+  if (path == DevicePath::Cuda && !gpu::compiled()) {
     throw_unsupported(op, "CUDA tensors are not supported yet by this smddp build (host tensors only); "
                           "move the tensors to the CPU or use another backend for GPU tensors");
   }
 }
+
+client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor* in,
+                                               const at::Tensor* out, const client::CallOptions& co) {
+  if (!cuda_path_) {
+    cuda_path_ = gpu::path_for(client_);
+  }
+  const at::Tensor& any = in ? *in : *out;
+  if (!w.cuda()) {
+    w.set_cuda(cuda_path_, any.device());
+  }
+  const auto bytes_of = [](const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); };
+  // In place (allreduce, a broadcast root): one buffer for both roles.
+  const bool same = in && out && in->numel() > 0 && in->data_ptr() == out->data_ptr() && in->numel() == out->numel();
+  if (in && in->numel() > 0) {
+    if (cuda_path_->exportable(*in)) {
+      call.input = cuda_path_->buffer(*in, w.op_name());
+    } else {
+      // Expandable segments: the daemon works on a staging copy.
+      auto s = cuda_path_->stage_in(in->device(), bytes_of(*in), in);
+      call.input = cuda_path_->staging_buffer(s, bytes_of(*in));
+      w.add_staging(s, same ? *out : at::Tensor());
+    }
+  }
+  if (out && out->numel() > 0) {
+    if (same) {
+      call.output = call.input;
+    } else if (cuda_path_->exportable(*out)) {
+      call.output = cuda_path_->buffer(*out, w.op_name());
+    } else {
+      auto s = cuda_path_->stage_in(out->device(), bytes_of(*out), nullptr);
+      call.output = cuda_path_->staging_buffer(s, bytes_of(*out));
+      w.add_staging(s, *out);
+    }
+  }
+  // Recorded after every producer of the inputs (flatten copies included) on this stream.
+  // Empty tensors leave nothing for the daemon's GPUs to do (it runs them as host requests).
+  if (call.input || call.output) {
+    cuda_path_->mark_inputs(any.device(), call);
+    if (!call.stream_value) {
+      w.add_input_event(call.wait_event);
+    }
+  }
+  return comm_->device_op(call, co);
+}
+
+namespace {
+client::DeviceCall dcall(client::OpType op, client::DType dtype, std::uint64_t count,
+                         client::ReduceOp rop = client::ReduceOp::Sum, int root = 0, int tag = 0) {
+  client::DeviceCall c;
+  c.op = op;
+  c.dtype = dtype;
+  c.count = count;
+  c.reduce_op = rop;
+  c.root = root;
+  c.tag = tag;
+  return c;
+}
+}  // namespace
 
 client::CallOptions ProcessGroupSMDDP::call_options(std::chrono::milliseconds timeout, double scale) const {
   client::CallOptions o;
@@ -185,14 +243,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::broadcast(std::vector<at::Tens
   if (opts.rootTensor != 0) {
     throw_invalid(op, "root tensor index must be 0 (one tensor per process)");
   }
-  require_supported_path(op, common_device_path(op, tensors));
+  const auto path = common_device_path(op, tensors);
+  require_supported_path(op, path);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   auto work = make_work(c10d::OpType::BROADCAST, op, tensors);
   return run(work, [&](WorkSMDDP& w) {
     w.keep_alive(t);
-    w.add_op(comm_->broadcast(data_of(t), count_of(t), dtype, static_cast<int>(opts.rootRank),
-                              call_options(opts.timeout)));
+    const int root = static_cast<int>(opts.rootRank);
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::Broadcast, dtype, count_of(t), client::ReduceOp::Sum, root),
+                               rank_ == root ? &t : nullptr, &t, call_options(opts.timeout))
+                 : comm_->broadcast(data_of(t), count_of(t), dtype, root, call_options(opts.timeout)));
   });
 }
 
@@ -201,15 +263,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allreduce(std::vector<at::Tens
   const char* op = "allreduce";
   check_single(op, tensors, "tensor");
   check_tensor(op, tensors[0], "tensor");
-  require_supported_path(op, common_device_path(op, tensors));
+  const auto path = common_device_path(op, tensors);
+  require_supported_path(op, path);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   const auto spec = reduce_spec(op, opts.reduceOp, dtype);
   auto work = make_work(c10d::OpType::ALLREDUCE, op, tensors);
   return run(work, [&](WorkSMDDP& w) {
     w.keep_alive(t);
-    w.add_op(comm_->allreduce(data_of(t), data_of(t), count_of(t), dtype, spec.op,
-                              call_options(opts.timeout, spec.scale)));
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::AllReduce, dtype, count_of(t), spec.op), &t, &t,
+                               call_options(opts.timeout, spec.scale))
+                 : comm_->allreduce(data_of(t), data_of(t), count_of(t), dtype, spec.op,
+                                    call_options(opts.timeout, spec.scale)));
   });
 }
 
@@ -220,7 +286,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(std::vecto
     throw_invalid(op, "needs at least one tensor");
   }
   check_all(op, tensors, "tensors");
-  require_supported_path(op, common_device_path(op, tensors));
+  const auto path = common_device_path(op, tensors);
+  require_supported_path(op, path);
   std::vector<ReduceSpec> specs;
   bool one_dtype = true;
   for (const auto& t : tensors) {
@@ -235,15 +302,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(std::vecto
       const auto dtype = smddp_dtype(op, flat, "tensor");
       w.keep_alive(flat);
       w.set_epilogue([flat, outputs = tensors]() mutable { unflatten_into(flat, outputs); });
-      w.add_op(comm_->allreduce(data_of(flat), data_of(flat), count_of(flat), dtype, specs[0].op,
-                                call_options(opts.timeout, specs[0].scale)));
+      w.add_op(path == DevicePath::Cuda
+                   ? device_call(w, dcall(client::OpType::AllReduce, dtype, count_of(flat), specs[0].op), &flat, &flat,
+                                 call_options(opts.timeout, specs[0].scale))
+                   : comm_->allreduce(data_of(flat), data_of(flat), count_of(flat), dtype, specs[0].op,
+                                      call_options(opts.timeout, specs[0].scale)));
       return;
     }
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       auto& t = tensors[i];
       w.keep_alive(t);
-      w.add_op(comm_->allreduce(data_of(t), data_of(t), count_of(t), smddp_dtype(op, t, "tensor"), specs[i].op,
-                                call_options(opts.timeout, specs[i].scale)));
+      const auto dt = smddp_dtype(op, t, "tensor");
+      w.add_op(path == DevicePath::Cuda
+                   ? device_call(w, dcall(client::OpType::AllReduce, dt, count_of(t), specs[i].op), &t, &t,
+                                 call_options(opts.timeout, specs[i].scale))
+                   : comm_->allreduce(data_of(t), data_of(t), count_of(t), dt, specs[i].op,
+                                      call_options(opts.timeout, specs[i].scale)));
     }
   });
 }
@@ -257,7 +331,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce(std::vector<at::Tensor>
   if (opts.rootTensor != 0) {
     throw_invalid(op, "root tensor index must be 0 (one tensor per process)");
   }
-  require_supported_path(op, common_device_path(op, tensors));
+  const auto path = common_device_path(op, tensors);
+  require_supported_path(op, path);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   const auto spec = reduce_spec(op, opts.reduceOp, dtype);
@@ -265,8 +340,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce(std::vector<at::Tensor>
   auto work = make_work(c10d::OpType::REDUCE, op, tensors);
   return run(work, [&](WorkSMDDP& w) {
     w.keep_alive(t);
-    w.add_op(comm_->reduce(data_of(t), rank_ == root ? data_of(t) : nullptr, count_of(t), dtype, spec.op, root,
-                           call_options(opts.timeout, spec.scale)));
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::Reduce, dtype, count_of(t), spec.op, root), &t,
+                               rank_ == root ? &t : nullptr, call_options(opts.timeout, spec.scale))
+                 : comm_->reduce(data_of(t), rank_ == root ? data_of(t) : nullptr, count_of(t), dtype, spec.op, root,
+                                 call_options(opts.timeout, spec.scale)));
   });
 }
 
@@ -291,7 +369,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather(std::vector<std::vec
     check_dtype_as(op, out[r], in, name, "the input tensor");
     check_numel(op, out[r], in.numel(), name, "(as many as the input tensor)");
   }
-  require_supported_path(op, common_device_path(op, concat(out, inputs)));
+  const auto path = common_device_path(op, concat(out, inputs));
+  require_supported_path(op, path);
   const auto dtype = smddp_dtype(op, in, "input tensor");
   auto work = make_work(c10d::OpType::ALLGATHER, op, out);
   return run(work, [&](WorkSMDDP& w) {
@@ -301,7 +380,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather(std::vector<std::vec
     w.set_epilogue([flat, outputs = out]() mutable { unflatten_into(flat, outputs); });
     auto co = call_options(opts.timeout);
     co.sdp = sdp_allgather_;
-    w.add_op(comm_->allgather(data_of(in), data_of(flat), count_of(in), dtype, co));
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::AllGather, dtype, count_of(in)), &in, &flat, co)
+                 : comm_->allgather(data_of(in), data_of(flat), count_of(in), dtype, co));
   });
 }
 
@@ -311,7 +392,10 @@ void ProcessGroupSMDDP::add_allgather_base(WorkSMDDP& w, const char* op, at::Ten
   w.keep_alive(output);
   auto co = call_options(opts.timeout);
   co.sdp = sdp_allgather_;
-  w.add_op(comm_->allgather(data_of(input), data_of(output), count_of(input), smddp_dtype(op, input, "input"), co));
+  const auto dtype = smddp_dtype(op, input, "input");
+  w.add_op(input.is_cuda()
+               ? device_call(w, dcall(client::OpType::AllGather, dtype, count_of(input)), &input, &output, co)
+               : comm_->allgather(data_of(input), data_of(output), count_of(input), dtype, co));
 }
 
 namespace {
@@ -338,7 +422,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::_allgather_base(at::Tensor& ou
                                                                   const c10d::AllgatherOptions& opts) {
   const char* op = "_allgather_base";
   check_allgather_base(op, output, input, size_, "");
-  require_supported_path(op, common_device_path(op, {output, input}));
+  const auto path = common_device_path(op, {output, input});
+  require_supported_path(op, path);
   auto work = make_work(c10d::OpType::_ALLGATHER_BASE, op, {output});
   return run(work, [&](WorkSMDDP& w) { add_allgather_base(w, op, output, input, opts); });
 }
@@ -371,7 +456,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
       all_outputs.push_back(list[i]);
     }
   }
-  require_supported_path(op, common_device_path(op, concat(all_outputs, inputs)));
+  const auto path = common_device_path(op, concat(all_outputs, inputs));
+  require_supported_path(op, path);
   auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, op, all_outputs);
   return run(work, [&](WorkSMDDP& w) {
     auto flat_in = flatten(inputs);
@@ -382,8 +468,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
     w.set_epilogue([flat_out, outputs = all_outputs]() mutable { unflatten_into(flat_out, outputs); });
     auto co = call_options(opts.timeout);
     co.sdp = sdp_allgather_;
-    w.add_op(comm_->allgather(data_of(flat_in), data_of(flat_out), count_of(flat_in),
-                              smddp_dtype(op, flat_in, "input"), co));
+    const auto dtype = smddp_dtype(op, flat_in, "input");
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::AllGather, dtype, count_of(flat_in)), &flat_in, &flat_out, co)
+                 : comm_->allgather(data_of(flat_in), data_of(flat_out), count_of(flat_in), dtype, co));
   });
 }
 
@@ -411,7 +499,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::gather(std::vector<std::vector
   } else if (!outputs.empty() && !outputs[0].empty()) {
     throw_invalid(op, "only the root (rank " + std::to_string(root) + ") may pass a gather_list");
   }
-  require_supported_path(op, common_device_path(op, concat(out, inputs)));
+  const auto path = common_device_path(op, concat(out, inputs));
+  require_supported_path(op, path);
   const auto dtype = smddp_dtype(op, in, "input tensor");
   auto work = make_work(c10d::OpType::GATHER, op, out);
   return run(work, [&](WorkSMDDP& w) {
@@ -422,8 +511,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::gather(std::vector<std::vector
       w.keep_alive(flat);
       w.set_epilogue([flat, outputs = out]() mutable { unflatten_into(flat, outputs); });
     }
-    w.add_op(comm_->gather(data_of(in), flat.defined() ? data_of(flat) : nullptr, count_of(in), dtype, root,
-                           call_options(opts.timeout)));
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::Gather, dtype, count_of(in), client::ReduceOp::Sum, root), &in,
+                               flat.defined() ? &flat : nullptr, call_options(opts.timeout))
+                 : comm_->gather(data_of(in), flat.defined() ? data_of(flat) : nullptr, count_of(in), dtype, root,
+                                 call_options(opts.timeout)));
   });
 }
 
@@ -451,7 +543,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::scatter(std::vector<at::Tensor
   } else if (!inputs.empty() && !inputs[0].empty()) {
     throw_invalid(op, "only the root (rank " + std::to_string(root) + ") may pass a scatter_list");
   }
-  require_supported_path(op, common_device_path(op, concat(in, outputs)));
+  const auto path = common_device_path(op, concat(in, outputs));
+  require_supported_path(op, path);
   const auto dtype = smddp_dtype(op, out, "output tensor");
   auto work = make_work(c10d::OpType::SCATTER, op, outputs);
   return run(work, [&](WorkSMDDP& w) {
@@ -461,8 +554,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::scatter(std::vector<at::Tensor
       flat = flatten(in);
       w.keep_alive(flat);
     }
-    w.add_op(comm_->scatter(flat.defined() ? data_of(flat) : nullptr, data_of(out), count_of(out), dtype, root,
-                            call_options(opts.timeout)));
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::Scatter, dtype, count_of(out), client::ReduceOp::Sum, root),
+                               flat.defined() ? &flat : nullptr, &out, call_options(opts.timeout))
+                 : comm_->scatter(flat.defined() ? data_of(flat) : nullptr, data_of(out), count_of(out), dtype, root,
+                                  call_options(opts.timeout)));
   });
 }
 
@@ -483,7 +579,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce_scatter(std::vector<at:
     check_dtype_as(op, in[r], out, name, "the output tensor");
     check_numel(op, in[r], out.numel(), name, "(as many as the output tensor)");
   }
-  require_supported_path(op, common_device_path(op, concat(in, outputs)));
+  const auto path = common_device_path(op, concat(in, outputs));
+  require_supported_path(op, path);
   const auto dtype = smddp_dtype(op, out, "output tensor");
   const auto spec = reduce_spec(op, opts.reduceOp, dtype);
   auto work = make_work(c10d::OpType::REDUCE_SCATTER, op, outputs);
@@ -491,8 +588,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce_scatter(std::vector<at:
     auto flat = flatten(in);
     w.keep_alive(flat);
     w.keep_alive(out);
-    w.add_op(comm_->reduce_scatter(data_of(flat), data_of(out), count_of(out), dtype, spec.op,
-                                   call_options(opts.timeout, spec.scale)));
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::ReduceScatter, dtype, count_of(out), spec.op), &flat, &out,
+                               call_options(opts.timeout, spec.scale))
+                 : comm_->reduce_scatter(data_of(flat), data_of(out), count_of(out), dtype, spec.op,
+                                         call_options(opts.timeout, spec.scale)));
   });
 }
 
@@ -502,15 +602,19 @@ void ProcessGroupSMDDP::add_reduce_scatter_base(WorkSMDDP& w, const char* op, at
   const auto spec = reduce_spec(op, opts.reduceOp, dtype);
   w.keep_alive(input);
   w.keep_alive(output);
-  w.add_op(comm_->reduce_scatter(data_of(input), data_of(output), count_of(output), dtype, spec.op,
-                                 call_options(opts.timeout, spec.scale)));
+  w.add_op(output.is_cuda()
+               ? device_call(w, dcall(client::OpType::ReduceScatter, dtype, count_of(output), spec.op), &input, &output,
+                             call_options(opts.timeout, spec.scale))
+               : comm_->reduce_scatter(data_of(input), data_of(output), count_of(output), dtype, spec.op,
+                                       call_options(opts.timeout, spec.scale)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
   const char* op = "_reduce_scatter_base";
   check_reduce_scatter_base(op, output, input, size_, "");
-  require_supported_path(op, common_device_path(op, {output, input}));
+  const auto path = common_device_path(op, {output, input});
+  require_supported_path(op, path);
   reduce_spec(op, opts.reduceOp, smddp_dtype(op, output, "output"));
   auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, op, {output});
   return run(work, [&](WorkSMDDP& w) { add_reduce_scatter_base(w, op, output, input, opts); });
@@ -565,7 +669,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::alltoall_base(at::Tensor& outp
   check_tensor(op, input, "input tensor");
   check_tensor(op, output, "output tensor");
   check_dtype_as(op, output, input, "output tensor", "the input tensor");
-  require_supported_path(op, common_device_path(op, {output, input}));
+  const auto path = common_device_path(op, {output, input});
+  require_supported_path(op, path);
   const auto dtype = smddp_dtype(op, input, "input tensor");
   const bool even = output_splits.empty() && input_splits.empty();
   std::vector<std::uint64_t> send_counts;
@@ -584,7 +689,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::alltoall_base(at::Tensor& outp
   return run(work, [&](WorkSMDDP& w) {
     w.keep_alive(input);
     w.keep_alive(output);
-    if (even) {
+    if (path == DevicePath::Cuda) {
+      auto c = dcall(client::OpType::AllToAll, dtype, even ? count_of(input) / size_ : 0);
+      if (!even) {
+        c.splits = send_counts;
+        c.splits.insert(c.splits.end(), recv_counts.begin(), recv_counts.end());
+      }
+      w.add_op(device_call(w, c, &input, &output, call_options(opts.timeout)));
+    } else if (even) {
       w.add_op(comm_->alltoall(data_of(input), data_of(output), count_of(input) / size_, dtype,
                                call_options(opts.timeout)));
     } else {
@@ -605,7 +717,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::alltoall(std::vector<at::Tenso
   check_all(op, inputs, "input_tensor_list");
   check_all(op, outputs, "output_tensor_list");
   check_same_dtype(op, concat(inputs, outputs), "input and output tensors");
-  require_supported_path(op, common_device_path(op, concat(inputs, outputs)));
+  const auto path = common_device_path(op, concat(inputs, outputs));
+  require_supported_path(op, path);
   const auto dtype = smddp_dtype(op, inputs[0], "input");
   std::vector<std::uint64_t> send_counts;
   std::vector<std::uint64_t> recv_counts;
@@ -621,6 +734,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::alltoall(std::vector<at::Tenso
     w.keep_alive(flat_in);
     w.keep_alive(flat_out);
     w.set_epilogue([flat_out, outs = outputs]() mutable { unflatten_into(flat_out, outs); });
+    if (path == DevicePath::Cuda) {
+      auto c = dcall(client::OpType::AllToAll, dtype, 0);
+      c.splits = send_counts;
+      c.splits.insert(c.splits.end(), recv_counts.begin(), recv_counts.end());
+      w.add_op(device_call(w, c, &flat_in, &flat_out, call_options(opts.timeout)));
+      return;
+    }
     w.add_op(comm_->alltoallv(data_of(flat_in), send_counts, data_of(flat_out), recv_counts, dtype,
                               call_options(opts.timeout)));
   });
@@ -640,13 +760,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::send(std::vector<at::Tensor>& 
   if (dst_rank == rank_) {
     throw_invalid(op, "a rank cannot send to itself (rank " + std::to_string(rank_) + ")");
   }
-  require_supported_path(op, common_device_path(op, tensors));
+  const auto path = common_device_path(op, tensors);
+  require_supported_path(op, path);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   auto work = make_work(c10d::OpType::SEND, op, tensors);
   return run(work, [&](WorkSMDDP& w) {
     w.keep_alive(t);
-    w.add_op(comm_->send(data_of(t), count_of(t), dtype, dst_rank, tag, call_options(c10d::kUnsetTimeout)));
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::Send, dtype, count_of(t), client::ReduceOp::Sum, dst_rank, tag), &t,
+                               nullptr, call_options(c10d::kUnsetTimeout))
+                 : comm_->send(data_of(t), count_of(t), dtype, dst_rank, tag, call_options(c10d::kUnsetTimeout)));
   });
 }
 
@@ -658,13 +782,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::recv(std::vector<at::Tensor>& 
   if (src_rank == rank_) {
     throw_invalid(op, "a rank cannot receive from itself (rank " + std::to_string(rank_) + ")");
   }
-  require_supported_path(op, common_device_path(op, tensors));
+  const auto path = common_device_path(op, tensors);
+  require_supported_path(op, path);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   auto work = make_work(c10d::OpType::RECV, op, tensors);
   return run(work, [&](WorkSMDDP& w) {
     w.keep_alive(t);
-    w.add_op(comm_->recv(data_of(t), count_of(t), dtype, src_rank, tag, call_options(c10d::kUnsetTimeout)));
+    w.add_op(path == DevicePath::Cuda
+                 ? device_call(w, dcall(client::OpType::Recv, dtype, count_of(t), client::ReduceOp::Sum, src_rank, tag),
+                               nullptr, &t, call_options(c10d::kUnsetTimeout))
+                 : comm_->recv(data_of(t), count_of(t), dtype, src_rank, tag, call_options(c10d::kUnsetTimeout)));
   });
 }
 
@@ -685,7 +813,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coalesce
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     check_allgather_base(op, outputs[i], inputs[i], size_, " " + std::to_string(i));
   }
-  require_supported_path(op, common_device_path(op, concat(outputs, inputs)));
+  const auto path = common_device_path(op, concat(outputs, inputs));
+  require_supported_path(op, path);
   auto work = make_work(c10d::OpType::COALESCED, op, outputs);
   return run(work, [&](WorkSMDDP& w) {
     for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -705,7 +834,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coalesce
     check_reduce_scatter_base(op, outputs[i], inputs[i], size_, " " + std::to_string(i));
     reduce_spec(op, opts.reduceOp, smddp_dtype(op, outputs[i], "output"));
   }
-  require_supported_path(op, common_device_path(op, concat(outputs, inputs)));
+  const auto path = common_device_path(op, concat(outputs, inputs));
+  require_supported_path(op, path);
   auto work = make_work(c10d::OpType::COALESCED, op, outputs);
   return run(work, [&](WorkSMDDP& w) {
     for (std::size_t i = 0; i < inputs.size(); ++i) {

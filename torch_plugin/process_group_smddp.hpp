@@ -100,6 +100,10 @@ class ProcessGroupSMDDP : public BackendBase {
   c10::intrusive_ptr<c10d::Work> run(const c10::intrusive_ptr<WorkSMDDP>& work, Body&& body);
   // Only the host path exists yet; the CUDA path slots in here.
   void require_supported_path(const char* op, DevicePath path) const;
+  // GPU path: submits `call` with CUDA tensors `in`/`out` (null where the role has none),
+  // after recording an input event on the current stream.
+  client::WorkPtr device_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor* in, const at::Tensor* out,
+                              const client::CallOptions& co);
   client::CallOptions call_options(std::chrono::milliseconds timeout, double scale = 1.0) const;
 
   // Shared helpers of the single-tensor and coalesced forms.
@@ -113,6 +117,7 @@ class ProcessGroupSMDDP : public BackendBase {
   std::chrono::milliseconds timeout_;
   std::string group_id_;
   bool sdp_allgather_ = false;  // SMDATAPARALLEL_OPTIMIZE_SDP
+  std::shared_ptr<gpu::CudaPath> cuda_path_;  // created on the first CUDA call
   std::atomic<std::uint64_t> sequence_{0};
 
   std::mutex coalescing_mutex_;

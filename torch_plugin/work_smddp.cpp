@@ -83,7 +83,43 @@ void WorkSMDDP::finalize() {
       }
     }
   }
-  if (!error && epilogue_) {
+  bool future_done = false;
+  if (cuda_) {
+    // GPU path: the daemon's events mark the device work done; the epilogue and the Future
+    // run on a completion stream ordered after them.
+    std::vector<gpu::CudaPath::DoneMark> daemon_events;
+    for (const auto& op : ops) {
+      daemon_events.push_back({op->daemon_event(), op->daemon_value()});
+    }
+    for (int idx : input_events_) {
+      cuda_->release_event(idx);
+    }
+    input_events_.clear();
+    if (!error) {
+      try {
+        std::vector<at::Tensor> used = keep_alive_;
+        used.insert(used.end(), outputs_.begin(), outputs_.end());
+        done_ = cuda_->complete(cuda_device_, daemon_events, used, [&] {
+          for (const auto& [s, to] : staging_) {
+            if (to.defined()) {
+              gpu::CudaPath::copy_out(s, to);
+            }
+          }
+          if (epilogue_) {
+            epilogue_();
+          }
+          future_->markCompleted(c10::IValue(outputs_));
+          future_done = true;
+        });
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    for (auto& [s, to] : staging_) {
+      cuda_->release_staging(s, done_);
+    }
+    staging_.clear();
+  } else if (!error && epilogue_) {
     try {
       epilogue_();
     } catch (...) {
@@ -92,11 +128,14 @@ void WorkSMDDP::finalize() {
   }
   epilogue_ = nullptr;
   keep_alive_.clear();
+  sync_children_ = children;
 
   finish(error);
   if (error) {
-    future_->setError(error);
-  } else {
+    if (!future_done) {
+      future_->setError(error);
+    }
+  } else if (!future_done) {
     future_->markCompleted(c10::IValue(outputs_));
   }
 
@@ -144,8 +183,31 @@ std::exception_ptr WorkSMDDP::exception() const { return c10d::Work::exception()
 std::vector<at::Tensor> WorkSMDDP::result() { return outputs_; }
 
 void WorkSMDDP::synchronize() {
-  // Host path: the outputs are final once the work completed. The CUDA path will make the
-  // caller's current stream wait on the daemon's completion event here.
+  // Host path: the outputs are final once the work completed. GPU path: the caller's
+  // current stream waits for the daemon's work (and our epilogue), as ProcessGroupNCCL's.
+  if (cuda_ && done_) {
+    gpu::CudaPath::block_current_stream(done_, cuda_device_);
+  }
+  for (auto& child : sync_children_) {
+    child->synchronize();
+  }
+}
+
+void WorkSMDDP::set_cuda(std::shared_ptr<gpu::CudaPath> path, c10::Device device) {
+  cuda_ = std::move(path);
+  cuda_device_ = device;
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                     std::vector<c10::Device>{device});
+}
+
+void WorkSMDDP::add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tensor copy_to) {
+  std::lock_guard lock(state_mutex_);
+  staging_.emplace_back(std::move(s), std::move(copy_to));
+}
+
+void WorkSMDDP::add_input_event(int index) {
+  std::lock_guard lock(state_mutex_);
+  input_events_.push_back(index);
 }
 
 bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {

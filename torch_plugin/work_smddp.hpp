@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "client/client.hpp"
+#include "torch_plugin/cuda_support.hpp"
 #include "torch_plugin/torch_compat.hpp"
 
 namespace smddp::torch_plugin {
@@ -47,6 +48,17 @@ class WorkSMDDP : public c10d::Work {
 
   const char* op_name() const noexcept { return op_name_; }
 
+  // --- GPU path (before arm()) ---
+  // The work's tensors are CUDA tensors on `device`: its Future is CUDA-aware, completion
+  // orders a pool stream after the daemon's events, wait() orders the caller's stream.
+  void set_cuda(std::shared_ptr<gpu::CudaPath> path, c10::Device device);
+  bool cuda() const noexcept { return cuda_ != nullptr; }
+  // An input event to hand back to the pool once the daemon answered.
+  void add_input_event(int index);
+  // A staging buffer (expandable segments) this work uses; if `copy_to` is defined, the
+  // buffer is copied into it on completion, before the epilogue.
+  void add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tensor copy_to);
+
  private:
   void child_done();
   void finalize();
@@ -68,6 +80,13 @@ class WorkSMDDP : public c10d::Work {
   bool finalized_ = false;
   std::atomic<int> pending_{0};
   bool armed_ = false;
+
+  std::shared_ptr<gpu::CudaPath> cuda_;
+  c10::Device cuda_device_{c10::DeviceType::CPU};
+  std::vector<int> input_events_;
+  std::shared_ptr<gpu::CudaPath::Done> done_;  // set before completion; read by synchronize()
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> sync_children_;
+  std::vector<std::pair<std::shared_ptr<gpu::CudaPath::Staging>, at::Tensor>> staging_;
 };
 
 }  // namespace smddp::torch_plugin

@@ -200,6 +200,22 @@ std::string format_status_text(const json& status) {
       << " on this node\n";
   out << "  collectives:   " << text(status, "collectives_done") << " done, " << text(status, "kernel_launches")
       << " kernel launches\n";
+  // GPU path: kernel launches per operation type (SDP AllGather shows copies only).
+  if (const json* gpu = field(status, "gpu"); gpu && gpu->is_object()) {
+    if (gpu->value("enabled", false)) {
+      out << "  gpu:           " << gpu->value("devices", std::string("?")) << "\n";
+      const json& by_op = gpu->contains("operations_by_op") ? (*gpu)["operations_by_op"] : json::object();
+      const json& kernels = gpu->contains("kernel_launches_by_op") ? (*gpu)["kernel_launches_by_op"] : json::object();
+      for (auto it = by_op.begin(); it != by_op.end(); ++it) {
+        const auto ops = it.value().is_number() ? it.value().get<double>() : 0.0;
+        const auto k = kernels.contains(it.key()) && kernels[it.key()].is_number() ? kernels[it.key()].get<double>() : 0.0;
+        out << "    " << it.key() << ": " << ops << " ops, " << k << " kernel launches ("
+            << fixed(ops > 0 ? k / ops : 0.0, 2) << " per op)\n";
+      }
+    } else {
+      out << "  gpu:           off (" << gpu->value("why", std::string("?")) << ")\n";
+    }
+  }
   out << "  bytes moved:   ";
   if (auto b = number(status, "bytes_moved"))
     out << format_bytes(*b);

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "ipc/segment.hpp"
 #include "ipc/validate.hpp"
 
 using namespace smddp::ipc;
@@ -146,4 +147,76 @@ TEST(Validate, RootOnlyBuffers) {
   r.output = arena(64, 16);
   EXPECT_TRUE(fails(r, ctx(4, 1), "none is expected"));
   EXPECT_EQ(validate_request(r, ctx(4, 0)), std::nullopt);  // root: output required
+}
+
+// GPU path (issue 5): CUDA references, stream flags and their combinations.
+namespace {
+BufferRef cuda(std::uint64_t off, std::uint64_t bytes, std::uint64_t alloc = 1 << 20) {
+  BufferRef b;
+  b.kind = BufferKind::CudaIpc;
+  b.offset = off;
+  b.bytes = bytes;
+  b.alloc_id = 7;
+  b.alloc_bytes = alloc;
+  return b;
+}
+RequestDesc device_allreduce(std::uint64_t n = 8) {
+  auto d = allreduce(n);
+  d.input = cuda(0, n * 4);
+  d.output = cuda(0, n * 4);
+  return d;
+}
+ValidationContext gpu_ctx() {
+  auto c = ctx();
+  c.cuda_enabled = true;
+  return c;
+}
+}  // namespace
+
+TEST(Validate, CudaBuffers) {
+  EXPECT_FALSE(validate_request(device_allreduce(), gpu_ctx()));
+  EXPECT_TRUE(fails(device_allreduce(), ctx(), "no GPU support"));
+  auto d = device_allreduce();
+  d.output = cuda(1 << 20, 32);
+  EXPECT_TRUE(fails(d, gpu_ctx(), "outside its CUDA allocation"));
+  d = device_allreduce();
+  d.output = arena(0, 32);
+  EXPECT_TRUE(fails(d, gpu_ctx(), "both be host tensors or both CUDA"));
+  d = device_allreduce();
+  d.op = OpType::AllToAll;
+  d.flags = kFlagSplits;
+  d.count = d.chunk_count = 0;
+  d.aux = cuda(0, 4 * 2 * 8);
+  EXPECT_TRUE(fails(d, gpu_ctx(), "aux buffer must be in the staging arena"));
+}
+
+TEST(Validate, EventsAndStreamFlags) {
+  auto c = gpu_ctx();
+  c.event_count = 2;
+  auto d = device_allreduce();
+  d.wait_event = 1;
+  EXPECT_FALSE(validate_request(d, c));
+  d.wait_event = 2;
+  EXPECT_TRUE(fails(d, c, "never exported"));
+  d.flags = kFlagStreamValue;  // stream flags: any index of the table
+  d.wait_event = kMaxEvents - 1;
+  d.wait_value = 5;
+  EXPECT_FALSE(validate_request(d, c));
+  d.wait_event = kMaxEvents;
+  EXPECT_TRUE(fails(d, c, "stream flag index"));
+  d.wait_event = 0;
+  d.flags = kFlagStreamValue | kFlagDeviceFlags;
+  EXPECT_FALSE(validate_request(d, c));
+  d.flags = kFlagDeviceFlags;
+  EXPECT_TRUE(fails(d, c, "device flags without stream flags"));
+  d.flags = kFlagStreamValue | kFlagDaemonCpuWait;
+  EXPECT_FALSE(validate_request(d, c));
+  d.flags = kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait;
+  EXPECT_TRUE(fails(d, c, "host memory"));
+  auto h = allreduce();  // host requests carry no GPU synchronization
+  h.wait_event = 0;
+  EXPECT_TRUE(fails(h, c, "host request carries a CUDA event"));
+  h.wait_event = -1;
+  h.flags = kFlagStreamValue;
+  EXPECT_TRUE(fails(h, c, "host request carries a CUDA stream flag"));
 }

@@ -1,0 +1,10 @@
+"""The GPU suites reuse the plugin tests' fixtures and rank scripts (tests/python)."""
+
+import importlib.util
+import os
+
+_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "conftest.py")
+_spec = importlib.util.spec_from_file_location("smddp_plugin_conftest", _path)
+_shared = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_shared)
+globals().update({k: v for k, v in vars(_shared).items() if not k.startswith("__")})

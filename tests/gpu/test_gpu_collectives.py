@@ -1,0 +1,34 @@
+"""GPU path (label gpu): every collective x dtype on CUDA tensors against NCCL and a
+reference, with and without the SDP AllGather path, through smddprun and mpirun (torchrun
+is covered by scripts/bench_torch.py). Skips cleanly where there are fewer than 2 GPUs."""
+
+import subprocess
+
+import pytest
+
+from conftest import LAUNCHERS, python_exe, run_job
+
+
+def _gpu_count():
+    try:
+        out = subprocess.run([python_exe(), "-c", "import torch; print(torch.cuda.device_count())"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
+        return int(out.stdout.strip() or 0)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
+
+
+pytestmark = pytest.mark.skipif(_gpu_count() < 2, reason="needs 2 CUDA GPUs (GPU tests skip on CPU machines)")
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_gpu_collectives(launcher):
+    res = run_job("gpu_collectives_worker.py", 2, args=["--big"] if launcher == "smddprun" else [],
+                  launcher=launcher, timeout=600)
+    res.assert_ok(min_checks=2 * 400)
+
+
+def test_gpu_expandable_segments():
+    res = run_job("gpu_collectives_worker.py", 2, args=["--sizes", "7,1048579"], timeout=600,
+                  extra_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    res.assert_ok(min_checks=2 * 200)

@@ -1,0 +1,97 @@
+"""Training parity on the GPU path: a small transformer trained for 30 steps with DDP (fp32
+and bf16 autocast), FSDP1 FULL_SHARD and FSDP2 fully_shard, once over an smddp group and once
+over an NCCL group of the same job, from the same seed and data. The per-step losses (and
+FSDP2's full_tensor() parameters) must agree (fp32: rtol 1e-5)."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from common import Checker, init
+
+local = int(os.environ.get("LOCAL_RANK", "0"))
+torch.cuda.set_device(local)
+dev = torch.device("cuda", local)
+rank, W = init()
+nccl = dist.new_group(backend="nccl")
+smddp = dist.new_group(backend="smddp")
+chk = Checker(rank)
+STEPS = 30
+VOCAB, DIM = 256, 64
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        layer = nn.TransformerEncoderLayer(DIM, 4, 128, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, x):
+        return self.head(self.enc(self.emb(x)))
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randint(0, VOCAB, (8, 16), generator=g)
+    return x.to(dev), torch.roll(x, 1, 1).to(dev)
+
+
+def train(kind, group):
+    torch.manual_seed(0)
+    model = Model().to(dev)
+    if kind in ("ddp", "ddp_bf16"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        m = DDP(model, device_ids=[local], process_group=group)
+    elif kind == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+        m = FSDP(model, process_group=group, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=local)
+    elif kind == "fsdp2":
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = DeviceMesh.from_group(group, "cuda")
+        for layer in model.enc.layers:
+            fully_shard(layer, mesh=mesh)
+        m = fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(step)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=kind == "ddp_bf16"):
+            out = m(x)
+        loss = nn.functional.cross_entropy(out.float().reshape(-1, VOCAB), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    params = None
+    if kind == "fsdp2":
+        params = torch.cat([p.full_tensor().flatten() for p in m.parameters()]).cpu()
+    return losses, params
+
+
+def parity(kind):
+    a, pa = train(kind, smddp)
+    b, pb = train(kind, nccl)
+    ta, tb = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    if not torch.allclose(ta, tb, rtol=1e-5, atol=0):
+        i = int((ta - tb).abs().argmax())
+        return "losses differ at step %d: smddp %r nccl %r (first: %r vs %r)" % (i, a[i], b[i], a[0], b[0])
+    if pa is not None and not torch.allclose(pa, pb, rtol=1e-5, atol=1e-7):
+        return "full_tensor() parameters differ: max %g" % (pa - pb).abs().max().item()
+    if rank == 0:
+        print("losses %s: smddp %.6f -> %.6f, nccl %.6f -> %.6f" % (kind, a[0], a[-1], b[0], b[-1]), flush=True)
+    return None
+
+
+for kind in ("ddp", "ddp_bf16", "fsdp1", "fsdp2"):
+    chk.run("training.%s" % kind, parity, kind)
+torch.cuda.synchronize()
+dist.barrier()
+rc = chk.finish()
+dist.destroy_process_group()
+sys.exit(rc)

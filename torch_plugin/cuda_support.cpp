@@ -1,0 +1,527 @@
+#include "torch_plugin/cuda_support.hpp"
+
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <map>
+#include <unordered_map>
+
+#include "ipc/segment.hpp"
+#include "torch_plugin/errors.hpp"
+
+#if SMDDP_PLUGIN_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace smddp::torch_plugin::gpu {
+
+#if SMDDP_PLUGIN_CUDA
+
+namespace {
+
+void check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw SmddpException(ErrorKind::Internal, "smddp: " + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+// Driver entry points reached through the runtime (no link against libcuda).
+struct Driver {
+  using GetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+  using GetRange = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
+  GetAttribute get_attribute = nullptr;
+  GetRange get_range = nullptr;
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver x;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      x.get_attribute = reinterpret_cast<Driver::GetAttribute>(fn);
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      x.get_range = reinterpret_cast<Driver::GetRange>(fn);
+    cudaGetLastError();
+    return x;
+  }();
+  return d;
+}
+
+std::string bus_id_of(int dev) {
+  char bus[64] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return bus;
+}
+
+}  // namespace
+
+bool compiled() noexcept { return true; }
+
+std::string local_bus_id() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    cudaGetLastError();
+    return {};
+  }
+  int dev = -1;
+  if (const char* lr = std::getenv("LOCAL_RANK"); lr && *lr) {
+    const int v = std::atoi(lr);
+    if (v >= 0 && v < n) dev = v;
+  }
+  if (dev < 0 && cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return bus_id_of(dev);
+}
+
+struct CudaPath::Done {
+  cudaEvent_t event = nullptr;
+  int device = 0;
+  ~Done() {
+    if (event) cudaEventDestroy(event);
+  }
+};
+
+struct CudaPath::Staging {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  int device = 0;
+  std::shared_ptr<Done> last_done;
+};
+
+struct CudaPath::Impl {
+  std::multimap<std::size_t, std::shared_ptr<Staging>> staging_free;  // by size
+  std::vector<std::shared_ptr<Staging>> staging_all;
+  std::weak_ptr<client::Client> client;  // the process group owns it
+  std::mutex mu;
+  std::shared_ptr<client::Client> locked() {
+    auto c = client.lock();
+    if (!c) throw SmddpException(ErrorKind::Shutdown, "smddp: the process group was destroyed");
+    return c;
+  }
+  struct Export {
+    bool ok = false;
+    std::array<std::uint8_t, 64> handle{};
+    std::uintptr_t base = 0;
+    std::uint64_t bytes = 0;
+    std::string why;
+  };
+  std::unordered_map<std::uint64_t, Export> exports;  // by buffer id
+  struct Event {
+    cudaEvent_t ev = nullptr;
+    int device = 0;
+  };
+  std::vector<Event> events;                 // by table index
+  std::map<int, std::vector<int>> free_events;  // device -> indices
+  std::vector<cudaEvent_t> daemon_events;    // by index, opened lazily
+  std::map<int, c10::cuda::CUDAStream> completion;  // device -> pool stream
+  std::map<int, std::string> bus_ids;        // device -> PCI bus id
+  std::string my_bus;
+  // Stream-flag modes: flags in a GPU block we allocate and export (default: the GPU re-polls
+  // its own memory at once), or in our slot of the segment registered with CUDA ("host":
+  // polled every few ms). Interprocess events ("events") are polled as slowly.
+  // "cpu": host flags, and the daemon waits for them on its CPU (kFlagDaemonCpuWait), so its
+  // GPU streams never block on our context (see ipc/protocol.hpp).
+  enum class Mode { DeviceFlags, HostFlags, CpuWait, Events };
+  Mode mode = Mode::DeviceFlags;
+  bool use_flags = true;
+  void* flag_block = nullptr;
+  bool flags_ready = false;
+  std::uint64_t* flags_host = nullptr;  // stream_flags[]
+  std::uintptr_t flags_dev = 0;
+  std::uint64_t* done_host = nullptr;
+  std::uintptr_t done_dev = 0;
+  void* registered = nullptr;
+  int flag_count = 0;
+  std::unordered_map<cudaStream_t, int> stream_slot;  // stream -> flag index
+  std::vector<std::uint64_t> flag_values;             // last value written per flag
+  using StreamValue = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+  StreamValue wait_value = nullptr, write_value = nullptr;
+
+  void setup_flags(int device) {
+    if (flags_ready) return;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      wait_value = reinterpret_cast<StreamValue>(fn);
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      write_value = reinterpret_cast<StreamValue>(fn);
+    cudaGetLastError();
+    if (!wait_value || !write_value)
+      throw SmddpException(ErrorKind::Unsupported, "smddp: the CUDA driver lacks stream memory operations; set SMDDP_GPU_SYNC=events");
+    if (mode == Mode::DeviceFlags) {
+      c10::cuda::CUDAGuard g(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+      // Outside torch's allocator: exportable whatever PYTORCH_CUDA_ALLOC_CONF says.
+      check(cudaMalloc(&flag_block, ipc::kFlagBlockBytes), "cudaMalloc of the smddp flag block");
+      check(cudaMemset(flag_block, 0, ipc::kFlagBlockBytes), "cudaMemset");
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      cudaIpcMemHandle_t h{};
+      check(cudaIpcGetMemHandle(&h, flag_block), "cudaIpcGetMemHandle of the smddp flag block");
+      std::array<std::uint8_t, 64> bytes{};
+      std::memcpy(bytes.data(), &h, sizeof h);
+      locked()->publish_flag_block(bytes);
+      flags_dev = reinterpret_cast<std::uintptr_t>(flag_block);
+      done_dev = flags_dev + static_cast<std::uintptr_t>(ipc::kMaxEvents) * sizeof(std::uint64_t);
+      flag_count = ipc::kMaxEvents;
+      flag_values.assign(static_cast<std::size_t>(flag_count), 0);
+      flags_ready = true;
+      return;
+    }
+    auto area = locked()->gpu_sync_area();
+    if (!area) throw SmddpException(ErrorKind::Unsupported, "smddp: the client has no GPU sync area");
+    check(cudaHostRegister(area->region, area->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+          "cudaHostRegister of the smddp segment (set SMDDP_GPU_SYNC=events to avoid it)");
+    registered = area->region;
+    void* dev = nullptr;
+    check(cudaHostGetDevicePointer(&dev, area->region, 0), "cudaHostGetDevicePointer");
+    const auto base = reinterpret_cast<std::uintptr_t>(area->region);
+    const auto dbase = reinterpret_cast<std::uintptr_t>(dev);
+    flags_host = area->stream_flags;
+    flags_dev = dbase + (reinterpret_cast<std::uintptr_t>(area->stream_flags) - base);
+    done_host = area->done_flag;
+    done_dev = dbase + (reinterpret_cast<std::uintptr_t>(area->done_flag) - base);
+    flag_count = area->stream_flag_count;
+    flag_values.assign(static_cast<std::size_t>(flag_count), 0);
+    flags_ready = true;
+  }
+
+  Export& lookup(const at::Tensor& t) { return lookup_ptr(t.data_ptr(), t.device()); }
+  Export& lookup_ptr(void* data, c10::Device device) {
+    const auto& d = driver();
+    if (!d.get_attribute || !d.get_range)
+      throw SmddpException(ErrorKind::Unsupported, "smddp: the CUDA driver lacks cuPointerGetAttribute/cuMemGetAddressRange");
+    const auto ptr = reinterpret_cast<CUdeviceptr>(data);
+    unsigned long long id = 0;
+    if (d.get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CUDA_SUCCESS) {
+      static Export unknown;  // not exportable; the caller stages it
+      unknown.why = "cuPointerGetAttribute(BUFFER_ID) failed";
+      return unknown;
+    }
+    auto it = exports.find(id);
+    if (it != exports.end()) return it->second;
+    Export x;
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    if (d.get_range(&base, &size, ptr) != CUDA_SUCCESS) {
+      x.why = "cuMemGetAddressRange failed";
+    } else {
+      cudaIpcMemHandle_t h{};
+      c10::cuda::CUDAGuard g(device);
+      const auto e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        x.why = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(e) +
+                " (memory from PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or a cudaMallocAsync pool cannot be "
+                "exported)";
+      } else {
+        static_assert(sizeof h == 64);
+        std::memcpy(x.handle.data(), &h, sizeof h);
+        x.ok = true;
+        x.base = static_cast<std::uintptr_t>(base);
+        x.bytes = size;
+      }
+    }
+    return exports.emplace(id, std::move(x)).first->second;
+  }
+
+  cudaEvent_t daemon_event(int index, int device) {
+    if (static_cast<std::size_t>(index) >= daemon_events.size()) daemon_events.resize(static_cast<std::size_t>(index) + 1, nullptr);
+    auto& ev = daemon_events[static_cast<std::size_t>(index)];
+    if (!ev) {
+      auto h = locked()->daemon_event_handle(index);
+      if (!h) throw SmddpException(ErrorKind::Internal, "smddp: the daemon named event " + std::to_string(index) + " but never published it");
+      cudaIpcEventHandle_t eh{};
+      std::memcpy(&eh, h->data(), sizeof eh);
+      c10::cuda::CUDAGuard g(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+      check(cudaIpcOpenEventHandle(&ev, eh), "cannot open the daemon's CUDA event");
+    }
+    return ev;
+  }
+
+  c10::cuda::CUDAStream completion_stream(int device) {
+    auto it = completion.find(device);
+    if (it == completion.end())
+      it = completion.emplace(device, c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device))).first;
+    return it->second;
+  }
+};
+
+CudaPath::CudaPath(std::shared_ptr<client::Client> client) : impl_(std::make_unique<Impl>()) {
+  impl_->client = client;
+  const std::string mode = std::getenv("SMDDP_GPU_SYNC") ? std::getenv("SMDDP_GPU_SYNC") : "";
+  impl_->mode = mode == "events" ? Impl::Mode::Events
+                 : mode == "host" ? Impl::Mode::HostFlags
+                 : mode == "cpu"  ? Impl::Mode::CpuWait
+                                  : Impl::Mode::DeviceFlags;
+  impl_->use_flags = impl_->mode != Impl::Mode::Events;
+}
+
+CudaPath::~CudaPath() {
+  for (auto& e : impl_->events)
+    if (e.ev) cudaEventDestroy(e.ev);
+  for (auto ev : impl_->daemon_events)
+    if (ev) cudaEventDestroy(ev);
+  if (impl_->registered) cudaHostUnregister(impl_->registered);
+  if (impl_->flag_block) cudaFree(impl_->flag_block);
+  for (auto& s : impl_->staging_all) cudaFree(s->ptr);
+}
+
+bool CudaPath::exportable(const at::Tensor& t) {
+  if (t.numel() == 0) return true;
+  std::lock_guard lk(impl_->mu);
+  return impl_->lookup(t).ok;
+}
+
+client::DeviceBuffer CudaPath::buffer(const at::Tensor& t, const char* op) {
+  std::lock_guard lk(impl_->mu);
+  const int dev = t.device().index();
+  auto bus = impl_->bus_ids.find(dev);
+  if (bus == impl_->bus_ids.end()) bus = impl_->bus_ids.emplace(dev, bus_id_of(dev)).first;
+  if (impl_->my_bus.empty()) impl_->my_bus = local_bus_id();
+  if (bus->second != impl_->my_bus)
+    throw_invalid(op, "tensor is on cuda:" + std::to_string(dev) + " (" + bus->second + ") but this rank's GPU is " +
+                          impl_->my_bus + " (device LOCAL_RANK); smddp ranks use one GPU each");
+  const auto& x = impl_->lookup(t);
+  if (!x.ok) throw_unsupported(op, "this tensor's CUDA memory cannot be shared with the smddp daemon: " + x.why);
+  client::DeviceBuffer b;
+  b.ipc_handle = x.handle;
+  b.alloc_bytes = x.bytes;
+  b.offset = reinterpret_cast<std::uintptr_t>(t.data_ptr()) - x.base;
+  b.bytes = static_cast<std::uint64_t>(t.numel()) * t.element_size();
+  unsigned long long id = 0;
+  driver().get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, reinterpret_cast<CUdeviceptr>(t.data_ptr()));
+  b.alloc_id = id;
+  return b;
+}
+
+void CudaPath::mark_inputs(c10::Device device, client::DeviceCall& call) {
+  const int dev = device.index();
+  c10::cuda::CUDAGuard g(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  if (impl_->use_flags) {
+    int index = -1;
+    std::uint64_t value = 0;
+    {
+      std::lock_guard lk(impl_->mu);
+      impl_->setup_flags(dev);
+      auto it = impl_->stream_slot.find(stream);
+      if (it == impl_->stream_slot.end()) {
+        const int next = static_cast<int>(impl_->stream_slot.size());
+        if (next >= impl_->flag_count)
+          throw SmddpException(ErrorKind::Unsupported, "smddp: more than " + std::to_string(impl_->flag_count) +
+                                                           " CUDA streams issued collectives in this process");
+        it = impl_->stream_slot.emplace(stream, next).first;
+      }
+      index = it->second;
+      // One flag per stream, values increasing: a value reached means every earlier write on
+      // that stream (and the work before it) is done.
+      value = ++impl_->flag_values[static_cast<std::size_t>(index)];
+      const auto addr = impl_->flags_dev + static_cast<std::uintptr_t>(index) * sizeof(std::uint64_t);
+      if (impl_->write_value(reinterpret_cast<CUstream>(stream), static_cast<CUdeviceptr>(addr), value, 0) != CUDA_SUCCESS)
+        throw SmddpException(ErrorKind::Internal, "smddp: cuStreamWriteValue64 failed");
+    }
+    call.stream_value = true;
+    call.device_flags = impl_->mode == Impl::Mode::DeviceFlags;
+    call.daemon_cpu_wait = impl_->mode == Impl::Mode::CpuWait;
+    call.wait_event = index;
+    call.wait_value = value;
+    return;
+  }
+  (void)dev;
+  call.wait_event = record_input_event(device, stream);
+}
+
+int CudaPath::record_input_event(c10::Device device, void* stream_ptr) {
+  const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const int dev = device.index();
+  int index = -1;
+  cudaEvent_t ev = nullptr;
+  {
+    std::lock_guard lk(impl_->mu);
+    auto& fl = impl_->free_events[dev];
+    if (!fl.empty()) {
+      index = fl.back();
+      fl.pop_back();
+      ev = impl_->events[static_cast<std::size_t>(index)].ev;
+    } else {
+      check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess), "cudaEventCreate");
+      cudaIpcEventHandle_t h{};
+      check(cudaIpcGetEventHandle(&h, ev), "cudaIpcGetEventHandle");
+      std::array<std::uint8_t, 64> bytes{};
+      std::memcpy(bytes.data(), &h, sizeof h);
+      try {
+        index = impl_->locked()->export_event(bytes);
+      } catch (const client::Error& e) {
+        cudaEventDestroy(ev);
+        throw from_client_error("collective", e.status(), e.what());
+      }
+      if (static_cast<std::size_t>(index) >= impl_->events.size()) impl_->events.resize(static_cast<std::size_t>(index) + 1);
+      impl_->events[static_cast<std::size_t>(index)] = {ev, dev};
+    }
+  }
+  check(cudaEventRecord(ev, stream), "cudaEventRecord");
+  return index;
+}
+
+void CudaPath::release_event(int index) {
+  std::lock_guard lk(impl_->mu);
+  if (index < 0 || static_cast<std::size_t>(index) >= impl_->events.size()) return;
+  impl_->free_events[impl_->events[static_cast<std::size_t>(index)].device].push_back(index);
+}
+
+std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device device, const std::vector<DoneMark>& daemon_done,
+                                                   const std::vector<at::Tensor>& used,
+                                                   const std::function<void()>& body) {
+  c10::cuda::CUDAGuard g(device);
+  std::optional<c10::cuda::CUDAStream> stream;
+  {
+    std::lock_guard lk(impl_->mu);
+    stream = impl_->completion_stream(device.index());
+    for (const auto& d : daemon_done) {
+      if (d.value > 0) {
+        // The daemon's GPU writes the done flag after the work; wait for it on our GPU.
+        impl_->setup_flags(device.index());
+        if (impl_->wait_value(reinterpret_cast<CUstream>(stream->stream()), static_cast<CUdeviceptr>(impl_->done_dev),
+                              d.value, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+          throw SmddpException(ErrorKind::Internal, "smddp: cuStreamWaitValue64 failed");
+      } else if (d.event >= 0) {
+        check(cudaStreamWaitEvent(stream->stream(), impl_->daemon_event(d.event, device.index()), 0),
+              "cudaStreamWaitEvent");
+      }
+    }
+  }
+  // The daemon used these until its event: the allocator must not hand them out to another
+  // stream before the completion stream passed that point.
+  for (const auto& t : used)
+    if (t.defined() && t.is_cuda() && t.has_storage())
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), *stream);
+  {
+    c10::cuda::CUDAStreamGuard sg(*stream);
+    body();
+  }
+  auto done = std::make_shared<Done>();
+  done->device = device.index();
+  check(cudaEventCreateWithFlags(&done->event, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventRecord(done->event, stream->stream()), "cudaEventRecord");
+  return done;
+}
+
+std::shared_ptr<CudaPath::Staging> CudaPath::stage_in(c10::Device device, std::size_t bytes, const at::Tensor* copy_from) {
+  c10::cuda::CUDAGuard g(device);
+  std::shared_ptr<Staging> s;
+  {
+    std::lock_guard lk(impl_->mu);
+    for (auto it = impl_->staging_free.lower_bound(bytes); it != impl_->staging_free.end(); ++it) {
+      if (it->second->device == device.index()) {
+        s = it->second;
+        impl_->staging_free.erase(it);
+        break;
+      }
+    }
+    if (!s) {
+      s = std::make_shared<Staging>();
+      s->device = device.index();
+      s->bytes = std::max<std::size_t>(bytes, 1 << 20);
+      s->bytes = (s->bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+      check(cudaMalloc(&s->ptr, s->bytes), "cudaMalloc of a staging buffer (" + std::to_string(s->bytes) + " bytes)");
+      impl_->staging_all.push_back(s);
+    }
+  }
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  if (s->last_done) check(cudaStreamWaitEvent(stream, s->last_done->event, 0), "cudaStreamWaitEvent");
+  s->last_done.reset();
+  if (copy_from) check(cudaMemcpyAsync(s->ptr, copy_from->data_ptr(), bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+  return s;
+}
+
+client::DeviceBuffer CudaPath::staging_buffer(const std::shared_ptr<Staging>& s, std::size_t bytes) {
+  std::lock_guard lk(impl_->mu);
+  const auto& x = impl_->lookup_ptr(s->ptr, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(s->device)));
+  if (!x.ok) throw SmddpException(ErrorKind::Internal, "smddp: a staging buffer cannot be exported: " + x.why);
+  client::DeviceBuffer b;
+  b.ipc_handle = x.handle;
+  b.alloc_bytes = x.bytes;
+  b.offset = reinterpret_cast<std::uintptr_t>(s->ptr) - x.base;
+  b.bytes = bytes;
+  unsigned long long id = 0;
+  driver().get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, reinterpret_cast<CUdeviceptr>(s->ptr));
+  b.alloc_id = id;
+  return b;
+}
+
+void CudaPath::copy_out(const std::shared_ptr<Staging>& s, const at::Tensor& to) {
+  const auto bytes = static_cast<std::size_t>(to.numel()) * to.element_size();
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(to.data_ptr(), s->ptr, bytes, cudaMemcpyDeviceToDevice,
+                        c10::cuda::getCurrentCUDAStream(to.device().index()).stream()),
+        "cudaMemcpyAsync");
+}
+
+void CudaPath::release_staging(std::shared_ptr<Staging> s, std::shared_ptr<Done> done) {
+  std::lock_guard lk(impl_->mu);
+  s->last_done = std::move(done);
+  impl_->staging_free.emplace(s->bytes, std::move(s));
+}
+
+void CudaPath::block_current_stream(const std::shared_ptr<Done>& done, c10::Device device) {
+  if (!done) return;
+  c10::cuda::CUDAGuard g(device);
+  check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), done->event, 0), "cudaStreamWaitEvent");
+}
+
+#else  // no CUDA in this torch
+
+bool compiled() noexcept { return false; }
+std::string local_bus_id() { return {}; }
+struct CudaPath::Impl {};
+struct CudaPath::Done {};
+CudaPath::CudaPath(std::shared_ptr<client::Client>) {}
+CudaPath::~CudaPath() = default;
+bool CudaPath::exportable(const at::Tensor&) { return false; }
+client::DeviceBuffer CudaPath::buffer(const at::Tensor&, const char* op) {
+  throw_unsupported(op, "this smddp build has no GPU path (torch without CUDA)");
+}
+void CudaPath::mark_inputs(c10::Device, client::DeviceCall&) {}
+void CudaPath::release_event(int) {}
+std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device, const std::vector<DoneMark>&, const std::vector<at::Tensor>&,
+                                                   const std::function<void()>& body) {
+  body();
+  return nullptr;
+}
+void CudaPath::block_current_stream(const std::shared_ptr<Done>&, c10::Device) {}
+struct CudaPath::Staging {};
+std::shared_ptr<CudaPath::Staging> CudaPath::stage_in(c10::Device, std::size_t, const at::Tensor*) { return nullptr; }
+client::DeviceBuffer CudaPath::staging_buffer(const std::shared_ptr<Staging>&, std::size_t) { return {}; }
+void CudaPath::copy_out(const std::shared_ptr<Staging>&, const at::Tensor&) {}
+void CudaPath::release_staging(std::shared_ptr<Staging>, std::shared_ptr<Done>) {}
+
+#endif
+
+std::shared_ptr<CudaPath> path_for(const std::shared_ptr<client::Client>& client) {
+  static std::mutex mu;
+  static std::weak_ptr<client::Client> owner;
+  static std::shared_ptr<CudaPath> path;
+  std::lock_guard lk(mu);
+  if (!path || owner.lock() != client) {
+    path = std::make_shared<CudaPath>(client);
+    owner = client;
+  }
+  return path;
+}
+
+}  // namespace smddp::torch_plugin::gpu

@@ -1,0 +1,85 @@
+// The rank side of the GPU path: CUDA tensors travel to the daemon as IPC memory handles
+// (cached by the allocation's buffer id) plus an interprocess event recorded on the caller's
+// current stream; the daemon answers with the index of its own event, which the Work's
+// completion stream (and Work::wait()'s caller stream) waits on. The CPU never waits for
+// the GPU here.
+//
+// Built only where torch has CUDA (SMDDP_PLUGIN_CUDA); elsewhere available() is false and
+// CUDA tensors are refused with a clear error.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "client/client.hpp"
+
+namespace smddp::torch_plugin::gpu {
+
+// Whether this build of the plugin has the GPU path.
+bool compiled() noexcept;
+
+// PCI bus id of this rank's GPU (device LOCAL_RANK, else the current one) for registration;
+// "" where there is no GPU.
+std::string local_bus_id();
+
+// Per-process state of the GPU path for one client.
+class CudaPath {
+ public:
+  explicit CudaPath(std::shared_ptr<client::Client> client);
+  ~CudaPath();
+  CudaPath(const CudaPath&) = delete;
+  CudaPath& operator=(const CudaPath&) = delete;
+
+  // The daemon's view of `t`'s bytes. Throws SmddpException(Unsupported) for memory that
+  // cannot be exported through CUDA IPC (expandable segments, cudaMallocAsync pools).
+  client::DeviceBuffer buffer(const at::Tensor& t, const char* op);
+  // Whether `t`'s memory can be exported (false: the caller stages it).
+  bool exportable(const at::Tensor& t);
+  // Marks the inputs ready on the current stream of `device` and fills call.wait_event (and
+  // wait_value): by default a stream flag written by the GPU (stream memory operations); with
+  // SMDDP_GPU_SYNC=events one of our interprocess events, held until release_event.
+  void mark_inputs(c10::Device device, client::DeviceCall& call);
+  void release_event(int index);
+  // What marks an operation done on the daemon's side (from its client Work).
+  struct DoneMark {
+    int event = -1;
+    std::uint64_t value = 0;
+  };
+  // Makes the pool stream `completion_stream(device)` wait on each daemon event, then runs
+  // `body` with that stream current (epilogue copies, Future completion), then records the
+  // Work's done event there. Returns that event (opaque), waited on by block_on_done().
+  struct Done;
+  std::shared_ptr<Done> complete(c10::Device device, const std::vector<DoneMark>& daemon_done,
+                                 const std::vector<at::Tensor>& used, const std::function<void()>& body);
+  // Makes the caller's current stream on `device` wait for `done`.
+  static void block_current_stream(const std::shared_ptr<Done>& done, c10::Device device);
+
+  // Staging for memory that cannot be exported (PYTORCH_CUDA_ALLOC_CONF=expandable_segments):
+  // a cudaMalloc'ed buffer the daemon can map, reused once the operation that last used it
+  // is done on the GPU (the caller's stream waits for that before copying in).
+  struct Staging;
+  // A buffer of at least `bytes` on `device`; if `copy_from` is given, its bytes are copied in
+  // on the current stream.
+  std::shared_ptr<Staging> stage_in(c10::Device device, std::size_t bytes, const at::Tensor* copy_from);
+  client::DeviceBuffer staging_buffer(const std::shared_ptr<Staging>& s, std::size_t bytes);
+  // Copies the staging buffer into `to` on the current stream (run inside complete()'s body).
+  static void copy_out(const std::shared_ptr<Staging>& s, const at::Tensor& to);
+  // Back to the pool; the next user waits for `done` (null: the daemon never ran it).
+  void release_staging(std::shared_ptr<Staging> s, std::shared_ptr<Done> done);
+
+ private:
+  int record_input_event(c10::Device device, void* stream);  // interprocess-event mode
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One CudaPath per client (created on first use).
+std::shared_ptr<CudaPath> path_for(const std::shared_ptr<client::Client>& client);
+
+}  // namespace smddp::torch_plugin::gpu
