@@ -73,7 +73,7 @@ const char* state_name(ipc::DaemonState s) {
 
 }  // namespace
 
-Daemon::Daemon(JobLayout layout, DaemonConfig config)
+Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSetup> internode)
     : layout_(std::move(layout)),
       config_(std::move(config)),
       segment_(ipc::Segment::create(spec_of(layout_, config_))),
@@ -81,6 +81,12 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config)
       host_(segment_, parallelism_of(config_)),
       ranks_(static_cast<std::size_t>(layout_.nproc_per_node)),
       started_(Clock::now()) {
+  if (internode) {
+    internode::Engine::Options o;
+    o.default_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config_.collective_timeout);
+    engine_ = std::make_unique<internode::Engine>(std::move(internode->topology), std::move(internode->transport),
+                                                  internode->addresses, segment_, host_.pool(), o);
+  }
   ipc::ensure_socket_dir();
   control_ = std::make_unique<ControlServer>(ipc::socket_path(layout_.job_id, layout_.node_id),
                                              [this] { return snapshot(); });
@@ -183,6 +189,7 @@ int Daemon::loop() {
   Clock::time_point last_activity = Clock::now();
   for (;;) {
     const auto now = Clock::now();
+    if (drive_internode(now)) last_activity = now;
     if (poll_rings(now)) {
       last_activity = now;
       if (now - last_housekeeping_ >= kHousekeepingEvery) housekeeping(now);
@@ -199,11 +206,18 @@ int Daemon::loop() {
     auto& bell = segment_.header().daemon_bell;
     const auto ticket = bell.ticket();
     if (any_request_waiting()) continue;
+    // Inter-node operations in flight need the transport driven: keep spinning.
+    if (engine_ && engine_->busy()) continue;
     bell.wait(ticket, kIdleSleep);
   }
   // Last look: requests that raced with the final exits still get an answer.
   poll_rings(Clock::now());
   resolve(matcher_.fail_all(Status::Shutdown, "the job's ranks have all exited"));
+  if (engine_) {
+    internode_finished(engine_->fail_all(Status::Shutdown, "the job's ranks have all exited"));
+    // A clean node waits for the others (its last messages must land); a failed one leaves.
+    engine_->finish(job_error_.empty() ? std::chrono::milliseconds(config_.collective_timeout) : std::chrono::milliseconds(1000));
+  }
   segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Stopping), std::memory_order_release);
   spdlog::info("all ranks exited; job exit status {}; {} collectives, {} bytes", exit_code_, collectives_done_,
                bytes_moved_);
@@ -268,6 +282,10 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
     return complete(p, Status::InvalidRequest, *err);
   }
+  if (engine_ && (d.op == OpType::Send || d.op == OpType::Recv)) {
+    const Communicator* comm = matcher_.find(d.comm_id);
+    if (comm->slots[static_cast<std::size_t>(d.root)] < 0) return engine_->start_p2p(*comm, p, now);
+  }
   if (d.op == OpType::CommCreate) {
     auto members = host_.read_aux<std::int32_t>(p, d.count);
     resolve(matcher_.post_create(slot, d, std::vector<int>(members.begin(), members.end()), now));
@@ -284,6 +302,12 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
 
 void Daemon::resolve(std::vector<Match> matches) {
   for (auto& m : matches) {
+    const OpType op = m.posted.empty() ? OpType::Barrier : m.posted.front().desc.op;
+    if (m.status == Status::Ok && m.comm && engine_ && engine_->spans_nodes(*m.comm) && op != OpType::CommCreate &&
+        op != OpType::Send && op != OpType::Recv) {
+      engine_->start(std::move(m), Clock::now());  // completes later, in drive_internode
+      continue;
+    }
     if (m.status == Status::Ok && m.comm && m.posted.front().desc.op != OpType::CommCreate) {
       std::uint64_t bytes = 0;
       std::optional<std::string> err;
@@ -313,6 +337,34 @@ void Daemon::resolve(std::vector<Match> matches) {
   }
 }
 
+bool Daemon::drive_internode(Clock::time_point now) {
+  if (!engine_) return false;
+  auto done = engine_->progress(now);
+  if (auto f = engine_->take_peer_failure()) fail_job(f->error, f->exit_code);
+  if (done.empty()) return false;
+  internode_finished(std::move(done));
+  return true;
+}
+
+void Daemon::internode_finished(std::vector<internode::Finished> done) {
+  for (auto& f : done) {
+    if (f.match.status == Status::Ok) {
+      ++collectives_done_;
+      bytes_moved_ += f.bytes;
+      bw_window_bytes_ += f.bytes;
+    } else {
+      spdlog::error("{}", f.match.error);
+      std::lock_guard lk(status_mu_);
+      errors_.push_back({{"time", iso_now()}, {"message", f.match.error}});
+      if (errors_.size() > kMaxErrorsKept) errors_.erase(errors_.begin());
+    }
+    for (const auto& p : f.match.posted) complete(p, f.match.status, f.match.error);
+    // The other chunks of a mismatched operation fail at once, here as on the other nodes.
+    if (f.mismatch && f.match.comm)
+      resolve(matcher_.fail_sequence(f.match.comm->id, f.match.posted.front().desc.seq, Status::Mismatch, f.match.error));
+  }
+}
+
 void Daemon::complete(const Posted& p, Status status, std::string_view error) {
   auto& slot = segment_.slot(p.slot);
   auto& info = ranks_[static_cast<std::size_t>(p.slot)];
@@ -339,9 +391,13 @@ void Daemon::housekeeping(Clock::time_point now) {
 
   for (const auto& ex : supervisor_.reap()) on_rank_exit(ex);
   if (attach_mode_) watch_attached_ranks();
+  if (engine_)
+    if (auto f = engine_->take_peer_failure()) fail_job(f->error, f->exit_code);
   if (const int sig = stop_signal_.exchange(0)) {
     spdlog::warn("received signal {}; stopping the job", sig);
-    supervisor_.signal_all(SIGTERM);
+    // mpirun stops the other daemons once one died: ranks that already know why the job failed
+    // get the usual grace period to report it.
+    if (job_error_.empty()) supervisor_.signal_all(SIGTERM);
     fail_job("the smddp daemon on node " + std::to_string(layout_.node_id) + " was asked to stop (signal " +
                  std::to_string(sig) + ")",
              128 + sig);
@@ -407,6 +463,10 @@ void Daemon::fail_job(const std::string& error, int exit_code) {
     errors_.push_back({{"time", iso_now()}, {"message", error}});
   }
   resolve(matcher_.fail_all(Status::PeerFailed, error));
+  if (engine_) {
+    engine_->announce_failure(error, exit_code_);
+    internode_finished(engine_->fail_all(Status::PeerFailed, error));
+  }
   // Wake every rank so sleepers see the failure now.
   for (int s = 0; s < layout_.nproc_per_node; ++s) segment_.slot(s).client_bell.ring();
 }

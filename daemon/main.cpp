@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -16,6 +17,9 @@
 #include "daemon/cli.hpp"
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
+#ifdef SMDDP_HAVE_FABRIC
+#include "daemon/transport/transport.hpp"
+#endif
 #include "daemon/version.hpp"
 #include "ipc/names.hpp"
 #include "ipc/segment.hpp"
@@ -106,6 +110,67 @@ daemon::JobLayout bootstrap(int simulate_nodes) {
   return l;
 }
 
+#ifdef SMDDP_HAVE_FABRIC
+// Opens this node's fabric endpoint and agrees, over MPI, on every node's endpoint name, daemon
+// pid and host: what the inter-node engine needs. Collective over MPI_COMM_WORLD.
+daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const daemon::DaemonConfig& c) {
+  daemon::InternodeSetup s;
+  daemon::transport::TransportConfig tc;
+  tc.provider = c.fabric_provider;
+  tc.interface = c.fabric_interface;
+  // A message may wait for its peer's ranks as long as a collective may.
+  tc.op_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(c.collective_timeout);
+  std::string error;
+  try {
+    s.transport = daemon::transport::make_fabric_transport(tc);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Every daemon must learn that one failed, or the others would wait in the allgather.
+  int ok = error.empty(), all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!ok) throw std::runtime_error("fabric provider '" + tc.provider + "': " + error);
+  if (!all_ok) throw std::runtime_error("another node could not open its fabric endpoint (see its log)");
+  constexpr int kAddr = 1024;
+  const auto addr = s.transport->local_address();
+  if (addr.size() > kAddr - 8) throw std::runtime_error("fabric address too long");
+  std::vector<char> mine(kAddr + 256, 0), all;
+  const std::uint64_t len = addr.size();
+  std::memcpy(mine.data(), &len, 8);
+  std::memcpy(mine.data() + 8, addr.data(), addr.size());
+  const int pid = ::getpid();
+  std::memcpy(mine.data() + kAddr - 4, &pid, 4);
+  std::strncpy(mine.data() + kAddr, l.hostname.c_str(), 255);
+  all.resize(mine.size() * static_cast<std::size_t>(l.num_nodes));
+  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(), static_cast<int>(mine.size()), MPI_CHAR,
+                MPI_COMM_WORLD);
+  s.topology.node_id = l.node_id;
+  s.topology.num_nodes = l.num_nodes;
+  s.topology.nproc_per_node = l.nproc_per_node;
+  for (int n = 0; n < l.num_nodes; ++n) {
+    const char* rec = all.data() + static_cast<std::size_t>(n) * mine.size();
+    std::uint64_t n_len = 0;
+    std::memcpy(&n_len, rec, 8);
+    s.addresses.emplace_back(reinterpret_cast<const std::uint8_t*>(rec + 8), reinterpret_cast<const std::uint8_t*>(rec + 8 + n_len));
+    daemon::internode::PeerInfo info;
+    std::memcpy(&info.pid, rec + kAddr - 4, 4);
+    info.hostname = std::string(rec + kAddr, ::strnlen(rec + kAddr, 255));
+    s.topology.nodes.push_back(info);
+  }
+  return s;
+}
+
+// Every node must run the same number of ranks (global rank = node * nproc + local rank).
+void check_same_nproc(int nproc) {
+  int lo = 0, hi = 0;
+  MPI_Allreduce(&nproc, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&nproc, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (lo != hi)
+    throw std::runtime_error("nodes run different numbers of ranks (" + std::to_string(lo) + " to " + std::to_string(hi) +
+                             "); smddp needs the same --nproc-per-node on every node");
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,10 +235,20 @@ int main(int argc, char** argv) {
     spdlog::info("topology: node {} of {} on {}, {} rank(s) per node, world size {}, rendezvous {}:{}",
                  layout.node_id, layout.num_nodes, layout.hostname, nproc, nproc * layout.num_nodes,
                  layout.master_addr, layout.master_port);
-    if (layout.num_nodes > 1)
+    std::optional<daemon::InternodeSetup> internode;
+    if (layout.num_nodes > 1) {
+#ifdef SMDDP_HAVE_FABRIC
+      if (attach_mode) throw std::runtime_error("attach mode across nodes needs the Store bootstrap, not built yet");
+      check_same_nproc(nproc);
+      internode = internode_bootstrap(layout, config);
+      layout.transport = internode->transport->describe();
+#else
       throw std::runtime_error("jobs across " + std::to_string(layout.num_nodes) +
-                               " nodes need the fabric transport, which this build does not have yet");
-    layout.transport = "none (single node)";
+                               " nodes need libfabric, which this build lacks");
+#endif
+    } else {
+      layout.transport = "none (single node)";
+    }
     spdlog::info("transport: {}", layout.transport);
 
     struct sigaction sa {};
@@ -190,7 +265,7 @@ int main(int argc, char** argv) {
 
     int status = 0;
     {
-      daemon::Daemon d(layout, config);
+      daemon::Daemon d(layout, config, std::move(internode));
       status = attach_mode ? d.serve_attached(std::chrono::seconds(attach_timeout)) : d.run(command);
     }
     spdlog::shutdown();
