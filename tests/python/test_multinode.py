@@ -1,0 +1,15 @@
+"""The plugin across simulated nodes: DDP over 2 simulated nodes (smddprun --simulate-nodes 2,
+daemons over libfabric on loopback) equals DDP on gloo and the single-process reference."""
+
+import pytest
+
+from conftest import run_job
+from test_ddp import CASES
+
+
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", "shm"])
+def test_ddp_across_two_simulated_nodes_matches_gloo_and_reference(provider):
+    job = run_job("ddp_worker.py", 2, smddprun_args=("--simulate-nodes", "2", "--set", "fabric.provider=" + provider))
+    job.assert_ok(min_checks=4 * 8)
+    for name in CASES:
+        assert "ddp." + name in job.names(0), name
