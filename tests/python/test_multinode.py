@@ -13,3 +13,12 @@ def test_ddp_across_two_simulated_nodes_matches_gloo_and_reference(provider):
     job.assert_ok(min_checks=4 * 8)
     for name in CASES:
         assert "ddp." + name in job.names(0), name
+
+
+def test_ddp_under_plain_mpirun_split_into_two_simulated_nodes():
+    # Launch path 2: plain mpirun starts 4 ranks; SMDDP_SIMULATE_NODES=2 makes ranks {0,1} and
+    # {2,3} two nodes, each with a daemon of its own, bootstrapped through the c10d Store.
+    job = run_job("ddp_worker.py", 4, launcher="mpirun", extra_env={"SMDDP_SIMULATE_NODES": "2"})
+    job.assert_ok(min_checks=4 * 8)
+    for name in CASES:
+        assert "ddp." + name in job.names(0), name
