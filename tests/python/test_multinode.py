@@ -22,3 +22,10 @@ def test_ddp_under_plain_mpirun_split_into_two_simulated_nodes():
     job.assert_ok(min_checks=4 * 8)
     for name in CASES:
         assert "ddp." + name in job.names(0), name
+
+
+def test_collectives_under_plain_mpirun_with_one_rank_per_node():
+    # Each rank says it is alone on its node (as on two hosts with one GPU each): two daemons,
+    # one per "node", bootstrapped through the Store; no override needed.
+    job = run_job("collectives_worker.py", 2, launcher="mpirun", extra_env={"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    job.assert_ok(min_checks=2 * 10)
