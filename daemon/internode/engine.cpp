@@ -64,7 +64,7 @@ void Engine::Ctx::send(int node_index, std::uint64_t sub, const void* buf, std::
   ++op_.outstanding;
   op_.bytes += bytes;
   auto keep = op_.shared_from_this();
-  e_.transport_->send(peer.transport_index, tag(e_.topo_.node_id, node, sub), buf, bytes, nullptr,
+  e_.transport_->send(peer.transport_index, tag(e_.topo_.node_id, node, sub), buf, bytes, e_.region_for(buf, bytes),
                       [keep](transport::Status st) {
                         --keep->outstanding;
                         if (!st.ok && keep->error.empty()) {
@@ -79,7 +79,7 @@ void Engine::Ctx::recv(int node_index, std::uint64_t sub, void* buf, std::size_t
   auto& peer = e_.peers_[static_cast<std::size_t>(node)];
   ++op_.outstanding;
   auto keep = op_.shared_from_this();
-  e_.transport_->recv(peer.transport_index, tag(node, e_.topo_.node_id, sub), buf, bytes, nullptr,
+  e_.transport_->recv(peer.transport_index, tag(node, e_.topo_.node_id, sub), buf, bytes, e_.region_for(buf, bytes),
                       [keep](transport::Status st) {
                         --keep->outstanding;
                         if (!st.ok && keep->error.empty()) {
@@ -153,6 +153,22 @@ Engine::Engine(Topology topo, std::unique_ptr<transport::Transport> transport,
   }
   for (int n = 0; n < topo_.num_nodes; ++n)
     if (n != topo_.node_id) post_beat_recv(n);
+  try {
+    for (int s = 0; s < topo_.nproc_per_node; ++s) {
+      auto arena = segment_.arena(s);
+      arena_regions_.push_back(transport_->register_memory(arena.data(), arena.size()));
+    }
+  } catch (const std::exception& e) {
+    // Still correct: the transport then registers per message where the provider needs it.
+    spdlog::warn("registering the staging arenas with the fabric failed ({}); registering per message", e.what());
+    arena_regions_.clear();
+  }
+}
+
+const transport::MemoryRegion* Engine::region_for(const void* buf, std::size_t bytes) const {
+  for (const auto& r : arena_regions_)
+    if (r.contains(buf, bytes)) return &r;
+  return nullptr;
 }
 
 Engine::~Engine() = default;
@@ -187,7 +203,10 @@ void Engine::post_beat_recv(int node) {
 void Engine::send_beat(int node, Clock::time_point now) {
   auto& peer = peers_[static_cast<std::size_t>(node)];
   // Never send to a peer that ended: some providers (shm) crash sending to a vanished process.
-  if (peer.state != PeerState::Alive) return;
+  // A peer that said goodbye still waits for ours (it leaves once every peer has ended), so it
+  // gets exactly that one.
+  if (peer.state == PeerState::Dead || peer.state == PeerState::Failed) return;
+  if (peer.state == PeerState::Done && (my_state_ == PeerState::Alive || peer.goodbye_sent)) return;
   if (topo_.nodes[static_cast<std::size_t>(node)].hostname == topo_.nodes[static_cast<std::size_t>(topo_.node_id)].hostname &&
       !ipc::process_alive(topo_.nodes[static_cast<std::size_t>(node)].pid))
     return;
@@ -199,6 +218,7 @@ void Engine::send_beat(int node, Clock::time_point now) {
   std::strncpy(beat->error, my_error_.c_str(), sizeof beat->error - 1);
   ++peer.beats_in_flight;
   peer.last_sent = now;
+  if (my_state_ != PeerState::Alive) peer.goodbye_sent = true;
   transport_->send(peer.transport_index, kBeatTag, beat.get(), sizeof(Beat), nullptr,
                    [this, beat, node](transport::Status) { --peers_[static_cast<std::size_t>(node)].beats_in_flight; });
 }
@@ -481,9 +501,10 @@ void Engine::finish(std::chrono::milliseconds max_wait) {
       if (n == topo_.node_id) continue;
       const auto& p = peers_[static_cast<std::size_t>(n)];
       all_ended = all_ended && p.state != PeerState::Alive;
-      sends_pending = sends_pending || (p.state == PeerState::Alive && p.beats_in_flight > 0);
+      // Beats to a peer that still listens must land (our goodbye is what it waits for).
+      sends_pending = sends_pending || ((p.state == PeerState::Alive || p.state == PeerState::Done) && p.beats_in_flight > 0);
     }
-    if (wait_for_peers ? all_ended : !sends_pending) break;
+    if ((!wait_for_peers || all_ended) && !sends_pending) break;
     if (now >= until) {
       spdlog::warn("leaving while peer daemons still run (waited {} ms)", max_wait.count());
       break;

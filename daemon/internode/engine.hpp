@@ -110,16 +110,22 @@ class Engine {
     Clock::time_point last_heard;
     Clock::time_point last_sent{};
     int beats_in_flight = 0;
+    bool goodbye_sent = false;  // our Done/Failed beat went out
   };
   void post_beat_recv(int node);
   void send_beat(int node, Clock::time_point now);
   void check_peers(Clock::time_point now);
   void peer_lost(int node, const std::string& why, int exit_code);
   bool advance(Op& op, Clock::time_point now);  // true when the op has ended
+  const transport::MemoryRegion* region_for(const void* buf, std::size_t bytes) const;
   Finished finish_op(Op& op);
 
   Topology topo_;
   std::unique_ptr<transport::Transport> transport_;
+  // The ranks' arenas, registered once: sends and receives from and into them need no
+  // per-message registration on providers that want registered buffers (efa). Declared after
+  // transport_ so they are closed first.
+  std::vector<transport::MemoryRegion> arena_regions_;
   const ipc::Segment& segment_;
   WorkerPool& pool_;
   Options options_;
