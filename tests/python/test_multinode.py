@@ -15,6 +15,13 @@ def test_ddp_across_two_simulated_nodes_matches_gloo_and_reference(provider):
         assert "ddp." + name in job.names(0), name
 
 
+@pytest.mark.parametrize("worker,checks", [("collectives_worker.py", 4 * 100), ("subgroup_worker.py", 4 * 6)])
+def test_torch_collectives_and_subgroups_across_two_simulated_nodes(worker, checks):
+    # Every torch.distributed collective and new_group (groups within a node and across nodes).
+    job = run_job(worker, 2, smddprun_args=("--simulate-nodes", "2"))
+    job.assert_ok(min_checks=checks)
+
+
 def test_ddp_under_plain_mpirun_split_into_two_simulated_nodes():
     # Launch path 2: plain mpirun starts 4 ranks; SMDDP_SIMULATE_NODES=2 makes ranks {0,1} and
     # {2,3} two nodes, each with a daemon of its own, bootstrapped through the c10d Store.
