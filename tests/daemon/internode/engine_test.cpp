@@ -1,6 +1,7 @@
 // Inter-node engine: two "nodes" in one process, each with its own segment (2 ranks), worker
-// pool and fabric endpoint (tcp;ofi_rxm on loopback); matches built by hand as the matcher
-// hands them over, both engines driven until their operations end.
+// pool and transport endpoint: an in-process loopback (always; sanitizer builds too) and, where
+// libfabric is built, tcp;ofi_rxm on loopback. Matches built by hand as the matcher hands them
+// over, both engines driven until their operations end.
 #include "daemon/internode/engine.hpp"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "tests/daemon/internode/loopback_transport.hpp"
 
 namespace smddp::daemon::internode {
 namespace {
@@ -29,8 +32,8 @@ std::string unique_job() {
 }
 
 struct Node {
-  Node(int id, const std::string& job)
-      : seg(ipc::Segment::create(spec(id, job))), pool(2), transport(open()) {
+  Node(int id, const std::string& job, const std::shared_ptr<transport::LoopbackFabric>& loopback)
+      : seg(ipc::Segment::create(spec(id, job))), pool(2), transport(open(loopback)) {
     comm.id = 0;
     for (int g = 0; g < 2 * kRanks; ++g) {
       comm.global_ranks.push_back(g);
@@ -48,11 +51,16 @@ struct Node {
     s.arena_bytes = kArena;
     return s;
   }
-  static std::unique_ptr<transport::Transport> open() {
+  static std::unique_ptr<transport::Transport> open(const std::shared_ptr<transport::LoopbackFabric>& loopback) {
+    if (loopback) return std::make_unique<transport::LoopbackTransport>(loopback);
+#ifndef SMDDP_HAVE_FABRIC
+    throw std::logic_error("no libfabric in this build");
+#else
     transport::TransportConfig c;
     c.provider = "tcp;ofi_rxm";
     c.interface = "lo";
     return transport::make_fabric_transport(c);
+#endif
   }
   float* in(int slot) { return reinterpret_cast<float*>(seg.arena(slot).data()); }
   float* out(int slot) { return reinterpret_cast<float*>(seg.arena(slot).data() + kOut); }
@@ -76,11 +84,13 @@ struct Node {
   std::unique_ptr<Engine> engine;
 };
 
-class EngineTest : public ::testing::Test {
+// Parameter: "loopback" or "fabric".
+class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     const auto job = unique_job();
-    for (int i = 0; i < 2; ++i) nodes.push_back(std::make_unique<Node>(i, job));
+    auto loopback = GetParam() == "loopback" ? std::make_shared<transport::LoopbackFabric>() : nullptr;
+    for (int i = 0; i < 2; ++i) nodes.push_back(std::make_unique<Node>(i, job, loopback));
     Topology t;
     t.num_nodes = 2;
     t.nproc_per_node = kRanks;
@@ -116,7 +126,7 @@ ipc::RequestDesc desc(OpType op, std::uint64_t count) {
   return d;
 }
 
-TEST_F(EngineTest, AllReduceSumsEveryRankOfEveryNode) {
+TEST_P(EngineTest, AllReduceSumsEveryRankOfEveryNode) {
   constexpr std::uint64_t n = 1001;  // odd: shards of unequal size
   for (int i = 0; i < 2; ++i)
     for (int s = 0; s < kRanks; ++s)
@@ -131,7 +141,7 @@ TEST_F(EngineTest, AllReduceSumsEveryRankOfEveryNode) {
   }
 }
 
-TEST_F(EngineTest, AllGatherPlacesEveryBlock) {
+TEST_P(EngineTest, AllGatherPlacesEveryBlock) {
   constexpr std::uint64_t n = 300;
   for (int i = 0; i < 2; ++i)
     for (int s = 0; s < kRanks; ++s)
@@ -148,7 +158,7 @@ TEST_F(EngineTest, AllGatherPlacesEveryBlock) {
   }
 }
 
-TEST_F(EngineTest, MismatchAcrossNodesIsOneMessageNamingEveryCallOnBothNodes) {
+TEST_P(EngineTest, MismatchAcrossNodesIsOneMessageNamingEveryCallOnBothNodes) {
   for (int i = 0; i < 2; ++i) {
     auto m = nodes[i]->match(desc(OpType::AllReduce, 8), i, 64, 64);
     if (i == 1) m.posted[1].desc.count = m.posted[1].desc.chunk_count = 9;  // rank 3
@@ -166,7 +176,7 @@ TEST_F(EngineTest, MismatchAcrossNodesIsOneMessageNamingEveryCallOnBothNodes) {
   }
 }
 
-TEST_F(EngineTest, AFailedNodeTellsTheOther) {
+TEST_P(EngineTest, AFailedNodeTellsTheOther) {
   nodes[0]->engine->announce_failure("rank 1 (pid 42) on node 0 was killed by signal 9 (SIGKILL)", 137);
   std::optional<Engine::PeerFailure> f;
   const auto until = Clock::now() + std::chrono::seconds(10);
@@ -180,6 +190,12 @@ TEST_F(EngineTest, AFailedNodeTellsTheOther) {
   EXPECT_EQ(f->exit_code, 137);
   EXPECT_FALSE(nodes[0]->engine->take_peer_failure());
 }
+
+#ifdef SMDDP_HAVE_FABRIC
+INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("loopback", "fabric"));
+#else
+INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("loopback"));
+#endif
 
 }  // namespace
 }  // namespace smddp::daemon::internode
