@@ -404,6 +404,8 @@ void Daemon::housekeeping(Clock::time_point now) {
   }
   std::vector<StallInfo> new_stalls;
   resolve(matcher_.expire(now, config_.stall_warning, new_stalls));
+  if (engine_)
+    for (auto& s : engine_->stalls(now, config_.stall_warning, true)) new_stalls.push_back(std::move(s));
   for (const auto& s : new_stalls) {
     std::string missing;
     for (int g : s.missing_global_ranks) missing += (missing.empty() ? "" : ", ") + std::to_string(g);
@@ -496,7 +498,10 @@ void Daemon::update_status(Clock::time_point now) {
     ranks.push_back(std::move(r));
   }
   nlohmann::json stalls = nlohmann::json::array();
-  for (const auto& s : matcher_.stalls(now, config_.stall_warning))
+  auto all_stalls = matcher_.stalls(now, config_.stall_warning);
+  if (engine_)
+    for (auto& s : engine_->stalls(now, config_.stall_warning, false)) all_stalls.push_back(std::move(s));
+  for (const auto& s : all_stalls)
     stalls.push_back({{"comm_id", s.comm_id},
                       {"seq", s.seq},
                       {"op", std::string(ipc::to_string(s.op))},

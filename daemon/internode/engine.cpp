@@ -282,7 +282,10 @@ void Engine::start(Match m, Clock::time_point now) {
   op->me = static_cast<int>(std::lower_bound(op->nodes.begin(), op->nodes.end(), topo_.node_id) - op->nodes.begin());
   const auto& d = op->match.posted.front().desc;
   op->key = mix(mix(mix(0x736d646470ull, d.comm_id), d.seq), d.chunk_offset);
+  op->started = now;
   op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
+  op->heard.assign(op->nodes.size(), 0);
+  op->heard[static_cast<std::size_t>(op->me)] = 1;
   ops_.push_back(op);
 
   // Phase 0: every node sends its members' descriptors to every other node of the group.
@@ -301,8 +304,20 @@ void Engine::start(Match m, Clock::time_point now) {
     if (j == op->me) continue;
     int members = 0;
     for (int g = 0; g < n; ++g) members += op->node_index_of_member(g, topo_) == j;
-    c.recv(j, 0, c.buffer(static_cast<std::size_t>(members) * sizeof(ipc::RequestDesc)),
-           static_cast<std::size_t>(members) * sizeof(ipc::RequestDesc));
+    const std::size_t bytes = static_cast<std::size_t>(members) * sizeof(ipc::RequestDesc);
+    std::byte* buf = c.buffer(bytes);
+    ++op->outstanding;
+    const int node = op->nodes[static_cast<std::size_t>(j)];
+    transport_->recv(peers_[static_cast<std::size_t>(node)].transport_index, c.tag(node, topo_.node_id, 0), buf, bytes,
+                     nullptr, [keep = op, j](transport::Status st) {
+                       --keep->outstanding;
+                       if (st.ok) {
+                         keep->heard[static_cast<std::size_t>(j)] = 1;
+                       } else if (keep->error.empty()) {
+                         keep->status = Status::PeerFailed;
+                         keep->error = st.error;
+                       }
+                     });
   }
 }
 
@@ -364,7 +379,16 @@ bool Engine::advance(Op& op, Clock::time_point now) {
     if (now >= op.deadline && op.error.empty()) {
       std::ostringstream s;
       s << describe_call(op.match.posted.front().desc) << " on communicator " << op.comm->id << " (operation #"
-        << op.match.posted.front().desc.seq << ") timed out waiting for the other node(s) of the group";
+        << op.match.posted.front().desc.seq << ") timed out after "
+        << std::chrono::duration<double>(op.deadline - op.started).count() << " s: ";
+      const auto missing = unheard_ranks(op);
+      if (missing.empty()) {
+        s << "the other node(s) of the group did not finish their part";
+      } else {
+        s << "rank(s)";
+        for (int g : missing) s << " " << g;
+        s << " on other node(s) never posted it (or not all of their node's ranks did)";
+      }
       op.status = Status::Timeout;
       op.error = s.str();
       return true;  // its callbacks keep the op (and its buffers) alive until they run
@@ -438,6 +462,28 @@ bool Engine::advance(Op& op, Clock::time_point now) {
     if (done || !op.error.empty()) return true;
     if (op.outstanding > 0) return false;
   }
+}
+
+std::vector<int> Engine::unheard_ranks(const Op& op) const {
+  std::vector<int> out;
+  if (op.p2p) return out;
+  for (int g = 0; g < op.size(); ++g)
+    if (!op.heard[static_cast<std::size_t>(op.node_index_of_member(g, topo_))])
+      out.push_back(op.comm->global_ranks[static_cast<std::size_t>(g)]);
+  return out;
+}
+
+std::vector<StallInfo> Engine::stalls(Clock::time_point now, std::chrono::seconds stall_after, bool new_only) {
+  std::vector<StallInfo> out;
+  for (auto& op : ops_) {
+    if (op->p2p || now - op->started < stall_after || (new_only && op->stall_reported)) continue;
+    auto missing = unheard_ranks(*op);
+    if (missing.empty()) continue;
+    if (new_only) op->stall_reported = true;
+    const auto& d = op->match.posted.front().desc;
+    out.push_back({d.comm_id, d.seq, d.op, std::chrono::duration<double>(now - op->started).count(), std::move(missing)});
+  }
+  return out;
 }
 
 Finished Engine::finish_op(Op& op) {

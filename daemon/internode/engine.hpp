@@ -81,6 +81,9 @@ class Engine {
   // operations that ended. `now` is the loop's clock.
   std::vector<Finished> progress(Clock::time_point now);
   bool busy() const noexcept { return !ops_.empty(); }
+  // Operations whose descriptors some node has not sent for `stall_after`, naming the ranks of
+  // those nodes; `new_only`: each reported once (for the log).
+  std::vector<StallInfo> stalls(Clock::time_point now, std::chrono::seconds stall_after, bool new_only);
 
   // A peer's failure (it died, or its job failed): the text to fail the job with, and the exit
   // code. Reported once.
@@ -119,6 +122,7 @@ class Engine {
   bool advance(Op& op, Clock::time_point now);  // true when the op has ended
   const transport::MemoryRegion* region_for(const void* buf, std::size_t bytes) const;
   Finished finish_op(Op& op);
+  std::vector<int> unheard_ranks(const Op& op) const;
 
   Topology topo_;
   std::unique_ptr<transport::Transport> transport_;

@@ -25,7 +25,10 @@ struct Op : std::enable_shared_from_this<Op> {
   ipc::Status status = ipc::Status::Ok;
   std::string error;
   bool mismatch = false;
+  Clock::time_point started;
   Clock::time_point deadline;
+  std::vector<char> heard;               // node index -> its descriptors arrived (phase 0)
+  bool stall_reported = false;
   std::uint64_t key = 0;                 // hash of (comm, seq, chunk): the base of every tag
   std::uint64_t bytes = 0;
   std::vector<std::unique_ptr<std::byte[]>> buffers;  // staging, freed with the op
@@ -57,9 +60,9 @@ class Engine::Ctx {
   void reduce(ipc::DType dtype, ipc::ReduceOp op, const std::vector<const void*>& inputs, void* out,
               std::uint64_t count, double premul_scale);
   void copy(std::byte* dst, const std::byte* src, std::uint64_t bytes);
+  std::uint64_t tag(int src_node, int dst_node, std::uint64_t sub) const;
 
  private:
-  std::uint64_t tag(int src_node, int dst_node, std::uint64_t sub) const;
   Engine& e_;
   Op& op_;
 };

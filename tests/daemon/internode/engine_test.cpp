@@ -176,6 +176,26 @@ TEST_P(EngineTest, MismatchAcrossNodesIsOneMessageNamingEveryCallOnBothNodes) {
   }
 }
 
+TEST_P(EngineTest, AnOperationOtherNodesNeverPostStallsThenTimesOutNamingTheirRanks) {
+  auto d = desc(OpType::AllReduce, 8);
+  d.timeout_ms = 300;
+  nodes[0]->engine->start(nodes[0]->match(d, 0, 64, 64), Clock::now());
+  auto stalls = nodes[0]->engine->stalls(Clock::now() + std::chrono::seconds(5), std::chrono::seconds(1), true);
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].missing_global_ranks, (std::vector<int>{2, 3}));
+  EXPECT_TRUE(nodes[0]->engine->stalls(Clock::now() + std::chrono::seconds(5), std::chrono::seconds(1), true).empty());
+  std::vector<Finished> done;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (done.empty() && Clock::now() < until) {
+    done = nodes[0]->engine->progress(Clock::now());
+    nodes[1]->engine->progress(Clock::now());
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].match.status, ipc::Status::Timeout);
+  EXPECT_NE(done[0].match.error.find("rank(s) 2 3 on other node(s) never posted it"), std::string::npos)
+      << done[0].match.error;
+}
+
 TEST_P(EngineTest, AFailedNodeTellsTheOther) {
   nodes[0]->engine->announce_failure("rank 1 (pid 42) on node 0 was killed by signal 9 (SIGKILL)", 137);
   std::optional<Engine::PeerFailure> f;
