@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@ struct DaemonConfig {
   std::string log_level = "info";
   std::string fabric_provider = "tcp;ofi_rxm";
   std::string fabric_interface = "lo";
+  std::size_t fabric_max_inflight = 64;  // sends posted to the provider at once
+  std::size_t fabric_max_message = 0;    // largest provider message (bytes); 0: the provider's
 
   // Reads `path` (may be empty: defaults), then applies `overrides` ("section.key=value").
   // Throws std::invalid_argument naming the bad key or value.

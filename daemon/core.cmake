@@ -6,13 +6,22 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/worker_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_executor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/supervisor.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/daemon.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/daemon.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/engine.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/allreduce_rs_ag.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/reduce_scatter.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/copies.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/alltoall.cpp)
 target_link_libraries(smddp_daemon_core PUBLIC smddp_ipc smddp_host_reduce smddp_control
   Boost::headers spdlog::spdlog nlohmann_json::nlohmann_json Threads::Threads)
 
 if(NOT SMDDP_ONLY_CORE)
   add_executable(smddp-daemon ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
   target_link_libraries(smddp-daemon PRIVATE smddp_daemon_core MPI::MPI_C)
+  if(TARGET smddp_transport)
+    target_link_libraries(smddp-daemon PRIVATE smddp_transport)
+    target_compile_definitions(smddp-daemon PRIVATE SMDDP_HAVE_FABRIC=1)
+  endif()
   # mpi.h pulls in the C++ bindings unless told not to; we use the C API only.
   target_compile_definitions(smddp-daemon PRIVATE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
 endif()

@@ -28,6 +28,11 @@ namespace {
 constexpr auto kHousekeepingEvery = std::chrono::milliseconds(50);
 constexpr auto kIdleSleep = std::chrono::microseconds(100000);
 constexpr std::size_t kMaxErrorsKept = 32;
+// The GPU path is one node's for now: CUDA tensors of a group that spans nodes would need
+// device-to-host staging into registered memory (issue 5, part 3).
+constexpr const char* kDeviceAcrossNodes =
+    "smddp: CUDA tensors in a group that spans nodes are not supported yet (the GPU path works inside one node); "
+    "use CPU tensors, or a group whose ranks share a node";
 
 std::vector<int> world_slots(const JobLayout& l) {
   std::vector<int> slots(static_cast<std::size_t>(l.num_nodes * l.nproc_per_node), -1);
@@ -74,7 +79,7 @@ const char* state_name(ipc::DaemonState s) {
 
 }  // namespace
 
-Daemon::Daemon(JobLayout layout, DaemonConfig config)
+Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSetup> internode)
     : layout_(std::move(layout)),
       config_(std::move(config)),
       segment_(ipc::Segment::create(spec_of(layout_, config_))),
@@ -82,6 +87,12 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config)
       host_(segment_, parallelism_of(config_)),
       ranks_(static_cast<std::size_t>(layout_.nproc_per_node)),
       started_(Clock::now()) {
+  if (internode) {
+    internode::Engine::Options o;
+    o.default_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config_.collective_timeout);
+    engine_ = std::make_unique<internode::Engine>(std::move(internode->topology), std::move(internode->transport),
+                                                  internode->addresses, segment_, host_.pool(), o);
+  }
   ipc::ensure_socket_dir();
   control_ = std::make_unique<ControlServer>(ipc::socket_path(layout_.job_id, layout_.node_id),
                                              [this] { return snapshot(); });
@@ -184,6 +195,7 @@ int Daemon::loop() {
   Clock::time_point last_activity = Clock::now();
   for (;;) {
     const auto now = Clock::now();
+    if (drive_internode(now)) last_activity = now;
     const bool polled = poll_rings(now);
     if (gpu_progress() || polled) {
       last_activity = now;
@@ -206,11 +218,18 @@ int Daemon::loop() {
       ::sched_yield();
       continue;
     }
+    // Inter-node operations in flight need the transport driven: keep spinning.
+    if (engine_ && engine_->busy()) continue;
     bell.wait(ticket, kIdleSleep);
   }
   // Last look: requests that raced with the final exits still get an answer.
   poll_rings(Clock::now());
   resolve(matcher_.fail_all(Status::Shutdown, "the job's ranks have all exited"));
+  if (engine_) {
+    internode_finished(engine_->fail_all(Status::Shutdown, "the job's ranks have all exited"));
+    // A clean node waits for the others (its last messages must land); a failed one leaves.
+    engine_->finish(job_error_.empty() ? std::chrono::milliseconds(config_.collective_timeout) : std::chrono::milliseconds(1000));
+  }
   segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Stopping), std::memory_order_release);
   spdlog::info("all ranks exited; job exit status {}; {} collectives, {} bytes", exit_code_, collectives_done_,
                bytes_moved_);
@@ -282,6 +301,13 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
     return complete(p, Status::InvalidRequest, *err);
   }
+  if (engine_ && (d.op == OpType::Send || d.op == OpType::Recv)) {
+    const Communicator* comm = matcher_.find(d.comm_id);
+    if (comm->slots[static_cast<std::size_t>(d.root)] < 0) {
+      if (cuda::is_device_request(d)) return complete(p, Status::Unsupported, kDeviceAcrossNodes);
+      return engine_->start_p2p(*comm, p, now);
+    }
+  }
   if (d.op == OpType::CommCreate) {
     auto members = host_.read_aux<std::int32_t>(p, d.count);
     resolve(matcher_.post_create(slot, d, std::vector<int>(members.begin(), members.end()), now));
@@ -299,6 +325,17 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
 void Daemon::resolve(std::vector<Match> matches) {
   for (auto& m : matches) {
     std::vector<cuda::DoneMark> events;  // GPU path: what marks each member's part done
+    const OpType op = m.posted.empty() ? OpType::Barrier : m.posted.front().desc.op;
+    if (m.status == Status::Ok && m.comm && engine_ && engine_->spans_nodes(*m.comm) && op != OpType::CommCreate &&
+        op != OpType::Send && op != OpType::Recv) {
+      if (std::any_of(m.posted.begin(), m.posted.end(), [](const Posted& p) { return cuda::is_device_request(p.desc); })) {
+        m.status = Status::Unsupported;
+        m.error = kDeviceAcrossNodes;
+      } else {
+        engine_->start(std::move(m), Clock::now());  // completes later, in drive_internode
+        continue;
+      }
+    }
     if (m.status == Status::Ok && m.comm && m.posted.front().desc.op != OpType::CommCreate) {
       std::uint64_t bytes = 0;
       std::optional<std::string> err;
@@ -364,6 +401,34 @@ std::optional<std::string> Daemon::run_device(const Match& m, std::vector<cuda::
 }
 // --- end GPU path
 
+bool Daemon::drive_internode(Clock::time_point now) {
+  if (!engine_) return false;
+  auto done = engine_->progress(now);
+  if (auto f = engine_->take_peer_failure()) fail_job(f->error, f->exit_code);
+  if (done.empty()) return false;
+  internode_finished(std::move(done));
+  return true;
+}
+
+void Daemon::internode_finished(std::vector<internode::Finished> done) {
+  for (auto& f : done) {
+    if (f.match.status == Status::Ok) {
+      ++collectives_done_;
+      bytes_moved_ += f.bytes;
+      bw_window_bytes_ += f.bytes;
+    } else {
+      spdlog::error("{}", f.match.error);
+      std::lock_guard lk(status_mu_);
+      errors_.push_back({{"time", iso_now()}, {"message", f.match.error}});
+      if (errors_.size() > kMaxErrorsKept) errors_.erase(errors_.begin());
+    }
+    for (const auto& p : f.match.posted) complete(p, f.match.status, f.match.error);
+    // The other chunks of a mismatched operation fail at once, here as on the other nodes.
+    if (f.mismatch && f.match.comm)
+      resolve(matcher_.fail_sequence(f.match.comm->id, f.match.posted.front().desc.seq, Status::Mismatch, f.match.error));
+  }
+}
+
 void Daemon::complete(const Posted& p, Status status, std::string_view error, int daemon_event,
                       std::uint64_t daemon_value) {
   auto& slot = segment_.slot(p.slot);
@@ -393,15 +458,21 @@ void Daemon::housekeeping(Clock::time_point now) {
 
   for (const auto& ex : supervisor_.reap()) on_rank_exit(ex);
   if (attach_mode_) watch_attached_ranks();
+  if (engine_)
+    if (auto f = engine_->take_peer_failure()) fail_job(f->error, f->exit_code);
   if (const int sig = stop_signal_.exchange(0)) {
     spdlog::warn("received signal {}; stopping the job", sig);
-    supervisor_.signal_all(SIGTERM);
+    // mpirun stops the other daemons once one died: ranks that already know why the job failed
+    // get the usual grace period to report it.
+    if (job_error_.empty()) supervisor_.signal_all(SIGTERM);
     fail_job("the smddp daemon on node " + std::to_string(layout_.node_id) + " was asked to stop (signal " +
                  std::to_string(sig) + ")",
              128 + sig);
   }
   std::vector<StallInfo> new_stalls;
   resolve(matcher_.expire(now, config_.stall_warning, new_stalls));
+  if (engine_)
+    for (auto& s : engine_->stalls(now, config_.stall_warning, true)) new_stalls.push_back(std::move(s));
   for (const auto& s : new_stalls) {
     std::string missing;
     for (int g : s.missing_global_ranks) missing += (missing.empty() ? "" : ", ") + std::to_string(g);
@@ -462,6 +533,10 @@ void Daemon::fail_job(const std::string& error, int exit_code) {
   }
   resolve(matcher_.fail_all(Status::PeerFailed, error));
   if (gpu_) gpu_->abort_pending();  // GPU path: release rank streams waiting for promised work
+  if (engine_) {
+    engine_->announce_failure(error, exit_code_);
+    internode_finished(engine_->fail_all(Status::PeerFailed, error));
+  }
   // Wake every rank so sleepers see the failure now.
   for (int s = 0; s < layout_.nproc_per_node; ++s) segment_.slot(s).client_bell.ring();
 }
@@ -491,7 +566,10 @@ void Daemon::update_status(Clock::time_point now) {
     ranks.push_back(std::move(r));
   }
   nlohmann::json stalls = nlohmann::json::array();
-  for (const auto& s : matcher_.stalls(now, config_.stall_warning))
+  auto all_stalls = matcher_.stalls(now, config_.stall_warning);
+  if (engine_)
+    for (auto& s : engine_->stalls(now, config_.stall_warning, false)) all_stalls.push_back(std::move(s));
+  for (const auto& s : all_stalls)
     stalls.push_back({{"comm_id", s.comm_id},
                       {"seq", s.seq},
                       {"op", std::string(ipc::to_string(s.op))},

@@ -18,6 +18,7 @@
 
 #include "daemon/config.hpp"
 #include "daemon/host_executor.hpp"
+#include "daemon/internode/engine.hpp"
 #include "daemon/matcher.hpp"
 #include "daemon/supervisor.hpp"
 #include "ipc/segment.hpp"
@@ -41,9 +42,17 @@ struct JobLayout {
   std::string transport = "none";
 };
 
+// What a job across nodes adds: the transport (not yet connected), every node's endpoint
+// name and daemon (from the bootstrap).
+struct InternodeSetup {
+  std::unique_ptr<transport::Transport> transport;
+  internode::Topology topology;
+  std::vector<std::vector<std::uint8_t>> addresses;
+};
+
 class Daemon {
  public:
-  Daemon(JobLayout layout, DaemonConfig config);
+  Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSetup> internode = std::nullopt);
   ~Daemon();
 
   // Spawns the node's ranks running `command`, serves them until they all exit, and
@@ -73,6 +82,8 @@ class Daemon {
   void resolve(std::vector<Match> matches);
   void complete(const Posted& p, ipc::Status status, std::string_view error, int daemon_event = -1,
                 std::uint64_t daemon_value = 0);
+  void internode_finished(std::vector<internode::Finished> done);
+  bool drive_internode(Clock::time_point now);
   void housekeeping(Clock::time_point now);
   int loop();
   bool finished(Clock::time_point now);
@@ -97,6 +108,7 @@ class Daemon {
   Matcher matcher_;
   HostExecutor host_;
   Supervisor supervisor_;
+  std::unique_ptr<internode::Engine> engine_;  // jobs across nodes only
   std::unique_ptr<ControlServer> control_;
   std::unique_ptr<cuda::GpuExecutor> gpu_;  // GPU path (issue 5)
   bool gpu_tried_ = false;

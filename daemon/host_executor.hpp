@@ -21,6 +21,9 @@ class HostExecutor {
   // itself across ranks (alltoall split tables), else nullopt; `bytes` gets the bytes written.
   std::optional<std::string> run(const Match& m, std::uint64_t& bytes);
 
+  // The worker pool, shared with the inter-node engine's host steps (same thread only).
+  WorkerPool& pool() noexcept { return pool_; }
+
   // Reads a rank's aux buffer (validated bounds) as `n` values of type T.
   template <class T>
   std::vector<T> read_aux(const Posted& p, std::size_t n) const;

@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <thread>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -16,6 +19,9 @@
 #include "daemon/cli.hpp"
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
+#ifdef SMDDP_HAVE_FABRIC
+#include "daemon/transport/transport.hpp"
+#endif
 #include "daemon/version.hpp"
 #include "ipc/names.hpp"
 #include "ipc/segment.hpp"
@@ -106,6 +112,131 @@ daemon::JobLayout bootstrap(int simulate_nodes) {
   return l;
 }
 
+#ifdef SMDDP_HAVE_FABRIC
+// Opens this node's fabric endpoint and agrees, over MPI, on every node's endpoint name, daemon
+// pid and host: what the inter-node engine needs. Collective over MPI_COMM_WORLD.
+std::unique_ptr<daemon::transport::Transport> open_transport(const daemon::DaemonConfig& c, std::string& error) {
+  daemon::transport::TransportConfig tc;
+  tc.provider = c.fabric_provider;
+  tc.interface = c.fabric_interface;
+  tc.max_inflight = c.fabric_max_inflight;
+  tc.max_message = c.fabric_max_message;
+  // A message may wait for its peer's ranks as long as a collective may.
+  tc.op_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(c.collective_timeout);
+  try {
+    return daemon::transport::make_fabric_transport(tc);
+  } catch (const std::exception& e) {
+    error = "fabric provider '" + tc.provider + "': " + e.what();
+  }
+  return nullptr;
+}
+
+daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const daemon::DaemonConfig& c) {
+  daemon::InternodeSetup s;
+  std::string error;
+  s.transport = open_transport(c, error);
+  // Every daemon must learn that one failed, or the others would wait in the allgather.
+  int ok = error.empty(), all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!ok) throw std::runtime_error(error);
+  if (!all_ok) throw std::runtime_error("another node could not open its fabric endpoint (see its log)");
+  constexpr int kAddr = 1024;
+  const auto addr = s.transport->local_address();
+  if (addr.size() > kAddr - 8) throw std::runtime_error("fabric address too long");
+  std::vector<char> mine(kAddr + 256, 0), all;
+  const std::uint64_t len = addr.size();
+  std::memcpy(mine.data(), &len, 8);
+  std::memcpy(mine.data() + 8, addr.data(), addr.size());
+  const int pid = ::getpid();
+  std::memcpy(mine.data() + kAddr - 4, &pid, 4);
+  std::strncpy(mine.data() + kAddr, l.hostname.c_str(), 255);
+  all.resize(mine.size() * static_cast<std::size_t>(l.num_nodes));
+  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(), static_cast<int>(mine.size()), MPI_CHAR,
+                MPI_COMM_WORLD);
+  s.topology.node_id = l.node_id;
+  s.topology.num_nodes = l.num_nodes;
+  s.topology.nproc_per_node = l.nproc_per_node;
+  for (int n = 0; n < l.num_nodes; ++n) {
+    const char* rec = all.data() + static_cast<std::size_t>(n) * mine.size();
+    std::uint64_t n_len = 0;
+    std::memcpy(&n_len, rec, 8);
+    s.addresses.emplace_back(reinterpret_cast<const std::uint8_t*>(rec + 8), reinterpret_cast<const std::uint8_t*>(rec + 8 + n_len));
+    daemon::internode::PeerInfo info;
+    std::memcpy(&info.pid, rec + kAddr - 4, 4);
+    info.hostname = std::string(rec + kAddr, ::strnlen(rec + kAddr, 255));
+    s.topology.nodes.push_back(info);
+  }
+  return s;
+}
+
+std::string to_hex(const std::vector<std::uint8_t>& b) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (auto x : b) {
+    s += d[x >> 4];
+    s += d[x & 15];
+  }
+  return s;
+}
+
+std::vector<std::uint8_t> from_hex(const std::string& s) {
+  std::vector<std::uint8_t> b;
+  for (std::size_t i = 0; i + 1 < s.size(); i += 2) b.push_back(static_cast<std::uint8_t>(std::stoi(s.substr(i, 2), nullptr, 16)));
+  return b;
+}
+
+// Launch path 2 across nodes: no MPI. The daemon writes "ADDRESS PID HOST" to DIR/address;
+// local rank 0 (smdistributed's _launch.py) publishes it in the c10d Store, gathers every
+// node's line and writes them, one per node in node order, to DIR/peers, which we wait for.
+daemon::InternodeSetup file_bootstrap(const daemon::JobLayout& l, const daemon::DaemonConfig& c,
+                                      const std::filesystem::path& dir, std::chrono::seconds timeout) {
+  daemon::InternodeSetup s;
+  std::string error;
+  s.transport = open_transport(c, error);
+  if (!s.transport) throw std::runtime_error(error);
+  {
+    std::ofstream f(dir / "address.tmp");
+    f << to_hex(s.transport->local_address()) << " " << ::getpid() << " " << l.hostname << "\n";
+    if (!f) throw std::runtime_error("cannot write " + (dir / "address.tmp").string());
+  }
+  std::filesystem::rename(dir / "address.tmp", dir / "address");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!std::filesystem::exists(dir / "peers")) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("no peer list (" + (dir / "peers").string() + ") within " +
+                               std::to_string(timeout.count()) + " s: the other nodes' ranks never came");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::ifstream f(dir / "peers");
+  s.topology.node_id = l.node_id;
+  s.topology.num_nodes = l.num_nodes;
+  s.topology.nproc_per_node = l.nproc_per_node;
+  for (int n = 0; n < l.num_nodes; ++n) {
+    std::string hex;
+    daemon::internode::PeerInfo info;
+    if (!(f >> hex >> info.pid >> info.hostname))
+      throw std::runtime_error("peer list " + (dir / "peers").string() + " has fewer than " +
+                               std::to_string(l.num_nodes) + " well-formed lines");
+    s.addresses.push_back(from_hex(hex));
+    s.topology.nodes.push_back(info);
+  }
+  std::error_code ec;
+  std::filesystem::remove(dir / "address", ec);
+  std::filesystem::remove(dir / "peers", ec);
+  return s;
+}
+
+// Every node must run the same number of ranks (global rank = node * nproc + local rank).
+void check_same_nproc(int nproc) {
+  int lo = 0, hi = 0;
+  MPI_Allreduce(&nproc, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&nproc, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (lo != hi)
+    throw std::runtime_error("nodes run different numbers of ranks (" + std::to_string(lo) + " to " + std::to_string(hi) +
+                             "); smddp needs the same --nproc-per-node on every node");
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,10 +301,26 @@ int main(int argc, char** argv) {
     spdlog::info("topology: node {} of {} on {}, {} rank(s) per node, world size {}, rendezvous {}:{}",
                  layout.node_id, layout.num_nodes, layout.hostname, nproc, nproc * layout.num_nodes,
                  layout.master_addr, layout.master_port);
-    if (layout.num_nodes > 1)
+    std::optional<daemon::InternodeSetup> internode;
+    if (layout.num_nodes > 1) {
+#ifdef SMDDP_HAVE_FABRIC
+      if (attach_mode) {
+        const char* dir = std::getenv("SMDDP_BOOTSTRAP_DIR");
+        if (!dir || !*dir)
+          throw std::runtime_error("--attach-mode across nodes needs SMDDP_BOOTSTRAP_DIR (set by smdistributed's launcher)");
+        internode = file_bootstrap(layout, config, dir, std::chrono::seconds(attach_timeout));
+      } else {
+        check_same_nproc(nproc);
+        internode = internode_bootstrap(layout, config);
+      }
+      layout.transport = internode->transport->describe();
+#else
       throw std::runtime_error("jobs across " + std::to_string(layout.num_nodes) +
-                               " nodes need the fabric transport, which this build does not have yet");
-    layout.transport = "none (single node)";
+                               " nodes need libfabric, which this build lacks");
+#endif
+    } else {
+      layout.transport = "none (single node)";
+    }
     spdlog::info("transport: {}", layout.transport);
 
     struct sigaction sa {};
@@ -190,7 +337,7 @@ int main(int argc, char** argv) {
 
     int status = 0;
     {
-      daemon::Daemon d(layout, config);
+      daemon::Daemon d(layout, config, std::move(internode));
       status = attach_mode ? d.serve_attached(std::chrono::seconds(attach_timeout)) : d.run(command);
     }
     spdlog::shutdown();

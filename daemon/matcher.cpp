@@ -154,9 +154,17 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
   cell = p;
   ++e.count;
   e.timeout = std::min(e.timeout, timeout_of(d));
-  // Judged once every member posted, so a mismatch error names every rank's call.
+  // Judged once every member posted, so a mismatch error names every rank's call. A group
+  // across nodes is judged by the inter-node engine, on every member's call.
   if (e.count == comm->local_member_count()) {
-    Match m = check_signatures(e, key);
+    Match m;
+    if (comm->local_member_count() == comm->size()) {
+      m = check_signatures(e, key);
+    } else {
+      m = Match{e.comm, {}, Status::Ok, {}};
+      for (auto& q : e.by_rank)
+        if (q) m.posted.push_back(*q);
+    }
     collectives_.erase(it);
     const bool failed = m.status != Status::Ok;
     const std::string error = m.error;
@@ -382,6 +390,13 @@ std::vector<Match> Matcher::fail_waiting_for(int slot, Status status, const std:
       ++it;
     }
   }
+  return out;
+}
+
+std::vector<Match> Matcher::fail_sequence(std::uint64_t comm, std::uint64_t seq, Status status,
+                                          const std::string& error) {
+  std::vector<Match> out;
+  fail_seq(comm, seq, status, error, out);
   return out;
 }
 

@@ -69,6 +69,9 @@ class Matcher {
   std::vector<StallInfo> stalls(Clock::time_point now, std::chrono::seconds stall_after) const;
   // Fails what waits for `slot` to post (that rank has exited).
   std::vector<Match> fail_waiting_for(int slot, ipc::Status status, const std::string& error);
+  // Fails operation `seq` of `comm`: its chunks waiting here now, later ones as they come
+  // (the inter-node signature check found a mismatch).
+  std::vector<Match> fail_sequence(std::uint64_t comm, std::uint64_t seq, ipc::Status status, const std::string& error);
   // Fails everything pending (job failure).
   std::vector<Match> fail_all(ipc::Status status, const std::string& error);
 

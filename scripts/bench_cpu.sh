@@ -6,6 +6,10 @@
 #
 #   scripts/bench_cpu.sh                          # 2 ranks, allreduce+allgather, 8 B..64 MiB
 #   scripts/bench_cpu.sh --ops allreduce --min 1K --max 16M --factor 4 --ranks 2
+#   scripts/bench_cpu.sh --nodes 2 --ranks 2      # across 2 simulated nodes (bench_multinode.sh)
+# With --nodes K the ranks are split over K simulated nodes: smddp through smddprun
+# --simulate-nodes K (daemons talk over libfabric), Open MPI with TCP only (--mca btl tcp,self),
+# gloo over TCP as always.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -22,6 +26,8 @@ check=1
 dtype=float32
 tools="smddp,mpi,gloo"
 smddprun_args=""
+nodes=1
+md=""
 gloo_python=/usr/bin/python3
 
 usage() {
@@ -35,6 +41,8 @@ usage: $0 [options]
   --iters N --warmup N --check 0|1 --dtype T     passed to every benchmark ($iters, $warmup, $check, $dtype)
   --tools LIST         which of smddp,mpi,gloo to run ($tools)
   --smddprun-args STR  extra smddprun options (e.g. "--config configs/local.ini")
+  --nodes K            split the ranks over K simulated nodes (see above) ($nodes)
+  --md FILE            the markdown report's name in RESULTS (bench_cpu.md)
 Binaries can also be named by SMDDPRUN, SMDDP_BENCH and MPI_BENCH.
 EOF
 }
@@ -54,6 +62,8 @@ while (($#)); do
     --dtype) dtype="$2"; shift 2 ;;
     --tools) tools="$2"; shift 2 ;;
     --smddprun-args) smddprun_args="$2"; shift 2 ;;
+    --nodes) nodes="$2"; shift 2 ;;
+    --md) md="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench_cpu.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -67,6 +77,14 @@ compare="$here/tests/bench/compare_bench.py"
 
 # shellcheck disable=SC2054  # "self,vader" is one MCA value
 mpirun_args=(-np "$ranks" --mca btl self,vader --mca btl_vader_single_copy_mechanism none --bind-to none)
+smddp_layout=(--nproc-per-node "$ranks")
+if [ "$nodes" -gt 1 ]; then
+  if [ $((ranks % nodes)) -ne 0 ]; then echo "bench_cpu.sh: --ranks $ranks is not a multiple of --nodes $nodes" >&2; exit 2; fi
+  # Between nodes Open MPI would use TCP: keep it off shared memory.
+  mpirun_args=(-np "$ranks" --mca btl tcp,self --mca btl_tcp_if_include lo --bind-to none)
+  smddp_layout=(--simulate-nodes "$nodes" --nproc-per-node $((ranks / nodes)))
+fi
+md="${md:-bench_cpu.md}"
 [ "$(id -u)" -eq 0 ] && mpirun_args+=(--allow-run-as-root)
 # More ranks than cores is fine for a benchmark of this machine; say so rather than fail.
 [ "$ranks" -gt "$(nproc)" ] && mpirun_args+=(--oversubscribe)
@@ -97,7 +115,7 @@ for op in ${ops//,/ }; do
   if have_tool smddp; then
     if [ -x "$smddprun" ] && [ -x "$smddp_bench" ]; then
       # shellcheck disable=SC2086  # smddprun_args is a list of options on purpose
-      run smddp "$op" "$smddprun" --nproc-per-node "$ranks" $smddprun_args -- "$smddp_bench" -o "$op" "${bench_args[@]}"
+      run smddp "$op" "$smddprun" "${smddp_layout[@]}" $smddprun_args -- "$smddp_bench" -o "$op" "${bench_args[@]}"
       spec+="smddp=$results/raw/smddp_$op.txt,"
     else
       echo "bench_cpu.sh: no $smddprun or $smddp_bench: smddp left out (build them first)" >&2
@@ -120,8 +138,8 @@ for op in ${ops//,/ }; do
   specs+=("$spec")
 done
 
-note1="$(date -u +%Y-%m-%d) on $(nproc) CPU core(s) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $ranks ranks, $dtype, host buffers."
+note1="$(date -u +%Y-%m-%d) on $(nproc) CPU core(s) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $ranks ranks on $nodes node(s), $dtype, host buffers."
 note2="Sizes $min..$max x$factor, $warmup warmup + $iters timed iterations per size, check $check. Raw reports in raw/."
-python3 "$compare" --md "$results/bench_cpu.md" --note "$note1" --note "$note2" "${specs[@]}" || status=1
-echo "bench_cpu.sh: markdown in $results/bench_cpu.md" >&2
+python3 "$compare" --md "$results/$md" --note "$note1" --note "$note2" "${specs[@]}" || status=1
+echo "bench_cpu.sh: markdown in $results/$md" >&2
 exit "$status"

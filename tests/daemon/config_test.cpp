@@ -94,6 +94,15 @@ TEST(DaemonConfig, LocalIniParses) {
   EXPECT_EQ(c.fabric_interface, "lo");
 }
 
+TEST(DaemonConfig, EfaPresetsParse) {
+  for (const char* name : {"p4d.ini", "p5.ini"}) {
+    const DaemonConfig c = DaemonConfig::load(std::string(SMDDP_SOURCE_DIR) + "/configs/" + name, {});
+    EXPECT_EQ(c.fabric_provider, "efa") << name;
+    EXPECT_GE(c.fabric_max_inflight, 128u) << name;
+    EXPECT_EQ(c.fabric_max_message, 8u << 20) << name;
+  }
+}
+
 TEST(DaemonConfig, FileValuesReplaceDefaults) {
   TempIni ini("[daemon]\narena_mib = 64\nchunk_kib = 256\nworker_threads = 3\nlog_level = debug\n"
               "[fabric]\nprovider = shm\n");

@@ -61,13 +61,9 @@ def test_plain_python_single_rank_starts_its_daemon(master_port):
     res.assert_ok(min_checks=2)
 
 
-@pytest.mark.parametrize("simulate", [False, True])
-def test_mpirun_several_nodes_not_yet(simulate):
-    # Two ranks that each claim to be alone on their node: a two-node job.
-    env = {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-    if simulate:
-        env["SMDDP_SIMULATE_NODES"] = "2"
-    needles = ["SMDDP_SIMULATE_NODES", "fabric transport"] if simulate else ["one node", "fabric transport"]
-    job = run_job("init_error_worker.py", 2, args=["SMDDPUnsupportedError", *needles], launcher="mpirun",
-                  extra_env=env, timeout=60)
+def test_mpirun_simulated_nodes_must_divide_the_world():
+    # Jobs across nodes work under plain mpirun (tests/python/test_multinode.py); a split of 2
+    # ranks into 3 simulated nodes is a clear error on every rank.
+    job = run_job("init_error_worker.py", 2, args=["SMDDPInvalidArgumentError", "SMDDP_SIMULATE_NODES=3", "divisor"],
+                  launcher="mpirun", extra_env={"SMDDP_SIMULATE_NODES": "3"}, timeout=60)
     job.assert_ok(min_checks=2)

@@ -18,6 +18,16 @@ Environment read under launch path 2 (all optional):
 * ``SMDDP_CONFIG``: a daemon configuration file (``--config``), e.g. configs/local.ini.
 * ``SMDDP_DAEMON_LOG``: a file the daemon appends its log to (default: local rank 0's stderr).
 * ``SMDDP_ATTACH_TIMEOUT``: seconds a rank waits for its daemon (default 30).
+* ``SMDDP_SIMULATE_NODES=K``: split the job's ranks into K simulated nodes on this machine
+  (rank r on node r // (world/K)), one daemon each, talking over libfabric on loopback: the
+  path-2 counterpart of ``smddprun --simulate-nodes K``.
+
+Across nodes, every node's local rank 0 starts its daemon with SMDDP_BOOTSTRAP_DIR set to a
+fresh private folder; the daemon opens its fabric endpoint and writes "ADDRESS PID HOST" to
+DIR/address; local rank 0 publishes that line in the Store, gathers every node's, writes them in
+node order to DIR/peers (the daemon waits for it) and removes the folder once the daemon is up.
+Ranks must be placed node by node (rank = node * ranks_per_node + local rank, as mpirun's
+default by-slot mapping and torchrun do), with as many ranks on every node.
 """
 
 import os
@@ -26,6 +36,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 from smdistributed.dataparallel.exceptions import (
@@ -69,6 +80,7 @@ _JOB_KEY = "smddp/launch/%d/job_id"
 _DAEMON_KEY = "smddp/launch/%d/daemon/node%d"
 _HOST_KEY = "smddp/launch/%d/host/%d"
 _ATTACHED_KEY = "smddp/launch/%d/attached/%d"
+_ADDRESS_KEY = "smddp/launch/%d/address/node%d"
 
 _generation = 0
 _daemon_proc = None  # the Popen of the daemon this process started (kept so it is reaped)
@@ -192,7 +204,40 @@ def _new_job_id():
     return "pt-%s" % secrets.token_hex(6)
 
 
-def _spawn_daemon(job_id, node_id, num_nodes, nproc_per_node):
+def _exchange_addresses(store, gen, node_id, num_nodes, nproc_per_node, bootstrap_dir, proc, cmd, where):
+    """Across nodes: publish this node's daemon address line in the store, gather every node's,
+    and hand them to the daemon as DIR/peers (see the module's docstring)."""
+    address = os.path.join(bootstrap_dir, "address")
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+    while not os.path.exists(address):
+        rc = proc.poll()
+        if rc is not None:
+            raise SMDDPDaemonUnreachableError(
+                "smddp: the smddp daemon started for this job exited with status %d before opening its fabric "
+                "endpoint (command: %s; %s)" % (rc, " ".join(cmd), where))
+        if time.monotonic() > deadline:
+            raise SMDDPDaemonUnreachableError(
+                "smddp: the smddp daemon started for this job (pid %d) did not open its fabric endpoint within "
+                "%.0f s (%s)" % (proc.pid, DAEMON_START_TIMEOUT_S, where))
+        time.sleep(0.005)
+    with open(address) as f:
+        line = f.read().strip()
+    store.set(_ADDRESS_KEY % (gen, node_id), "%d %s" % (nproc_per_node, line))
+    lines = []
+    for n in range(num_nodes):
+        nproc, peer = store.get(_ADDRESS_KEY % (gen, n)).decode().split(" ", 1)
+        if int(nproc) != nproc_per_node:
+            raise SMDDPInvalidArgumentError(
+                "smddp: node %d runs %s rank(s) and node %d runs %d: smddp needs the same number of ranks on every "
+                "node" % (n, nproc, node_id, nproc_per_node))
+        lines.append(peer)
+    tmp = os.path.join(bootstrap_dir, "peers.tmp")
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.rename(tmp, os.path.join(bootstrap_dir, "peers"))
+
+
+def _spawn_daemon(job_id, node_id, num_nodes, nproc_per_node, store=None, gen=0):
     """Starts ``smddp-daemon --attach-mode`` in its own session (so the launcher's signals to
     the ranks' process group do not reach it; it exits by itself when the ranks are gone) and
     waits until its segment exists. Returns its pid; raises SMDDPDaemonUnreachableError."""
@@ -205,41 +250,50 @@ def _spawn_daemon(job_id, node_id, num_nodes, nproc_per_node):
         cmd += ["--config", os.path.abspath(config)]
     log_path = os.environ.get("SMDDP_DAEMON_LOG")
     log = open(log_path, "ab") if log_path else None
+    bootstrap_dir = tempfile.mkdtemp(prefix="smddp-boot-") if num_nodes > 1 else None
+    env = dict(os.environ, SMDDP_BOOTSTRAP_DIR=bootstrap_dir) if bootstrap_dir else None
     try:
         sys.stderr.flush()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log or 2,
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log or 2, env=env,
                                 stderr=log or 2, close_fds=True, start_new_session=True)
     except OSError as e:
+        if bootstrap_dir:
+            shutil.rmtree(bootstrap_dir, ignore_errors=True)
         raise SMDDPDaemonUnreachableError("smddp: cannot start %s: %s" % (" ".join(cmd), e)) from e
     finally:
         if log:
             log.close()
     _daemon_proc = proc
     where = "its log is in %s" % log_path if log_path else "its log is on local rank 0's stderr"
-    segment = _segment_path(job_id, node_id)
-    deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
-    while not os.path.exists(segment):
-        rc = proc.poll()
-        if rc is not None:
-            raise SMDDPDaemonUnreachableError(
-                "smddp: the smddp daemon started for this job exited with status %d before it was ready "
-                "(command: %s; %s)" % (rc, " ".join(cmd), where))
-        if time.monotonic() > deadline:
+    if bootstrap_dir:
+        try:
+            _exchange_addresses(store, gen, node_id, num_nodes, nproc_per_node, bootstrap_dir, proc, cmd, where)
+        except BaseException:
             proc.kill()
             proc.wait()
-            raise SMDDPDaemonUnreachableError(
-                "smddp: the smddp daemon started for this job (pid %d) did not create its segment %s within "
-                "%.0f s (command: %s; %s)" % (proc.pid, segment, DAEMON_START_TIMEOUT_S, " ".join(cmd), where))
-        time.sleep(0.005)
+            shutil.rmtree(bootstrap_dir, ignore_errors=True)
+            raise
+        # The daemon removes the files once read; the folder goes once the segment is up.
+    try:
+        segment = _segment_path(job_id, node_id)
+        deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+        while not os.path.exists(segment):
+            rc = proc.poll()
+            if rc is not None:
+                raise SMDDPDaemonUnreachableError(
+                    "smddp: the smddp daemon started for this job exited with status %d before it was ready "
+                    "(command: %s; %s)" % (rc, " ".join(cmd), where))
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise SMDDPDaemonUnreachableError(
+                    "smddp: the smddp daemon started for this job (pid %d) did not create its segment %s within "
+                    "%.0f s (command: %s; %s)" % (proc.pid, segment, DAEMON_START_TIMEOUT_S, " ".join(cmd), where))
+            time.sleep(0.005)
+    finally:
+        if bootstrap_dir:
+            shutil.rmtree(bootstrap_dir, ignore_errors=True)
     return proc.pid
-
-
-def start_simulated_nodes(store, rank, world_size, local_rank, local_world_size):
-    """Hook for SMDDP_SIMULATE_NODES under launch path 2 (several daemons on one machine,
-    bootstrapping through the Store). Needs the fabric transport; not implemented yet."""
-    raise SMDDPUnsupportedError(
-        "smddp: SMDDP_SIMULATE_NODES under plain mpirun/torchrun (launch path 2) is not implemented yet: "
-        "it needs the fabric transport between daemons")
 
 
 def _attached_job_to_reuse(store, gen, rank, world_size):
@@ -274,15 +328,25 @@ def start_attach_mode_daemon(store, rank, world_size):
     global _generation
     env = os.environ
     local_rank, local_world_size = local_layout(store, rank, world_size)
-    if local_world_size != world_size:
-        if env.get("SMDDP_SIMULATE_NODES"):
-            return start_simulated_nodes(store, rank, world_size, local_rank, local_world_size)
+    simulate = env.get("SMDDP_SIMULATE_NODES")
+    if simulate:
+        # The override: this machine's ranks split into K simulated nodes, node by node.
+        try:
+            k = int(simulate)
+        except ValueError:
+            k = 0
+        if k < 1 or world_size % k:
+            raise SMDDPInvalidArgumentError(
+                "smddp: SMDDP_SIMULATE_NODES=%s must be a positive divisor of the world size %d" % (simulate, world_size))
+        local_world_size = world_size // k
+        local_rank = rank % local_world_size
+    num_nodes = world_size // local_world_size
+    node_id = rank // local_world_size
+    if world_size % local_world_size or node_id * local_world_size + local_rank != rank:
         raise SMDDPUnsupportedError(
-            "smddp: this job spans several nodes (world size %d, %d rank(s) on this node). Under plain "
-            "mpirun/torchrun (launch path 2) smddp runs on one node only for now: several nodes need the "
-            "fabric transport between the daemons, which is not built yet. Run all ranks on one node."
-            % (world_size, local_world_size))
-    node_id = 0  # one node (see above)
+            "smddp: rank %d is local rank %d of %d on its node: smddp needs the ranks placed node by node "
+            "(rank = node * ranks_per_node + local rank) with as many ranks on every node (mpirun's default "
+            "--map-by slot and torchrun do this)" % (rank, local_rank, local_world_size))
 
     gen = _generation
     _generation += 1
@@ -308,7 +372,7 @@ def start_attach_mode_daemon(store, rank, world_size):
     key = _DAEMON_KEY % (gen, node_id)
     if local_rank == 0:
         try:
-            pid = _spawn_daemon(job_id, node_id, 1, local_world_size)
+            pid = _spawn_daemon(job_id, node_id, num_nodes, local_world_size, store, gen)
         except SMDDPError as e:
             store.set(key, "error " + str(e))  # the other ranks fail with the reason, not a timeout
             raise

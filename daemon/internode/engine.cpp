@@ -1,0 +1,565 @@
+#include "daemon/internode/engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <spdlog/spdlog.h>
+#include <sstream>
+#include <thread>
+
+#include "daemon/executor/host_reduce.hpp"
+#include "daemon/internode/op.hpp"
+#include "ipc/types.hpp"
+
+namespace smddp::daemon::internode {
+
+using ipc::OpType;
+using ipc::Status;
+
+namespace {
+
+// Tags below this are the engine's own (heartbeats); operation tags are hashes above it.
+constexpr std::uint64_t kBeatTag = 1;
+constexpr std::uint64_t kFirstOpTag = 16;
+constexpr std::uint32_t kBeatMagic = 0x534d4442;  // "SMDB"
+
+// A heartbeat: the sender's state and, once its job failed, why.
+struct Beat {
+  std::uint32_t magic = kBeatMagic;
+  std::uint32_t state = 0;
+  std::int32_t exit_code = 0;
+  std::int32_t pid = 0;
+  char error[960] = {};
+};
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  // splitmix64 finalizer over h ^ v: a well-spread 64-bit hash of the tuple.
+  std::uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+int Op::node_index_of_member(int g, const Topology& t) const {
+  const int node = t.node_of(comm->global_ranks[static_cast<std::size_t>(g)]);
+  return static_cast<int>(std::lower_bound(nodes.begin(), nodes.end(), node) - nodes.begin());
+}
+
+// ---- Ctx
+
+std::uint64_t Engine::Ctx::tag(int src_node, int dst_node, std::uint64_t sub) const {
+  // Tags are hashes of (operation, phase, direction, sub): two messages in flight between the
+  // same peers collide only with probability ~2^-48 per pair, and the transport matches
+  // same-tag messages in order anyway.
+  std::uint64_t h = mix(op_.key, static_cast<std::uint64_t>(op_.phase));
+  h = mix(h, static_cast<std::uint64_t>(src_node) << 32 | static_cast<std::uint32_t>(dst_node));
+  h = mix(h, sub) & transport::Transport::kMaxTag;
+  return h < kFirstOpTag ? h + kFirstOpTag : h;
+}
+
+void Engine::Ctx::send(int node_index, std::uint64_t sub, const void* buf, std::size_t bytes) {
+  const int node = op_.nodes[static_cast<std::size_t>(node_index)];
+  auto& peer = e_.peers_[static_cast<std::size_t>(node)];
+  ++op_.outstanding;
+  op_.bytes += bytes;
+  auto keep = op_.shared_from_this();
+  e_.transport_->send(peer.transport_index, tag(e_.topo_.node_id, node, sub), buf, bytes, e_.region_for(buf, bytes),
+                      [keep](transport::Status st) {
+                        --keep->outstanding;
+                        if (!st.ok && keep->error.empty()) {
+                          keep->status = Status::PeerFailed;
+                          keep->error = st.error;
+                        }
+                      });
+}
+
+void Engine::Ctx::recv(int node_index, std::uint64_t sub, void* buf, std::size_t bytes) {
+  const int node = op_.nodes[static_cast<std::size_t>(node_index)];
+  auto& peer = e_.peers_[static_cast<std::size_t>(node)];
+  ++op_.outstanding;
+  auto keep = op_.shared_from_this();
+  e_.transport_->recv(peer.transport_index, tag(node, e_.topo_.node_id, sub), buf, bytes, e_.region_for(buf, bytes),
+                      [keep](transport::Status st) {
+                        --keep->outstanding;
+                        if (!st.ok && keep->error.empty()) {
+                          keep->status = Status::PeerFailed;
+                          keep->error = st.error;
+                        }
+                      });
+}
+
+std::byte* Engine::Ctx::in(int g) const {
+  const Posted& p = *op_.local[static_cast<std::size_t>(g)];
+  return e_.segment_.arena(p.slot).data() + p.desc.input.offset;
+}
+
+std::byte* Engine::Ctx::out(int g) const {
+  const Posted& p = *op_.local[static_cast<std::size_t>(g)];
+  return e_.segment_.arena(p.slot).data() + p.desc.output.offset;
+}
+
+std::byte* Engine::Ctx::buffer(std::size_t bytes) {
+  op_.buffers.push_back(std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes, 1)));
+  return op_.buffers.back().get();
+}
+
+void Engine::Ctx::fail(Status status, std::string error) {
+  if (!op_.error.empty()) return;
+  op_.status = status;
+  op_.error = std::move(error);
+}
+
+void Engine::Ctx::reduce(ipc::DType dtype, ipc::ReduceOp op, const std::vector<const void*>& inputs, void* out,
+                         std::uint64_t count, double premul_scale) {
+  ReduceParams params;
+  params.premul_scale = premul_scale;
+  const std::size_t e = ipc::dtype_size(dtype);
+  // Below 128 KiB per task splitting costs more than it saves (as in HostExecutor).
+  const auto tasks = static_cast<int>(std::clamp<std::uint64_t>(count * e / (128 << 10), 1,
+                                                                static_cast<std::uint64_t>(pool().parallelism())));
+  const std::uint64_t per = ((count + static_cast<std::uint64_t>(tasks) - 1) / static_cast<std::uint64_t>(tasks) + 63) / 64 * 64;
+  pool().parallel_for(tasks, [&](int t) {
+    const std::uint64_t lo = std::min(count, per * static_cast<std::uint64_t>(t));
+    const std::uint64_t hi = std::min(count, lo + per);
+    if (lo >= hi) return;
+    std::vector<const void*> part(inputs.size());
+    for (std::size_t k = 0; k < inputs.size(); ++k) part[k] = static_cast<const std::byte*>(inputs[k]) + lo * e;
+    host_reduce(dtype, op, part, static_cast<std::byte*>(out) + lo * e, hi - lo, params);
+  });
+}
+
+void Engine::Ctx::copy(std::byte* dst, const std::byte* src, std::uint64_t bytes) {
+  if (bytes && dst != src) std::memmove(dst, src, bytes);
+}
+
+// ---- Engine
+
+Engine::Engine(Topology topo, std::unique_ptr<transport::Transport> transport,
+               const std::vector<std::vector<std::uint8_t>>& addresses, const ipc::Segment& segment, WorkerPool& pool,
+               Options options)
+    : topo_(std::move(topo)),
+      transport_(std::move(transport)),
+      segment_(segment),
+      pool_(pool),
+      options_(options),
+      peers_(static_cast<std::size_t>(topo_.num_nodes)) {
+  const auto now = Clock::now();
+  for (int n = 0; n < topo_.num_nodes; ++n) {
+    auto& p = peers_[static_cast<std::size_t>(n)];
+    p.last_heard = now;
+    if (n == topo_.node_id) continue;
+    p.transport_index = transport_->add_peer(addresses[static_cast<std::size_t>(n)]);
+  }
+  for (int n = 0; n < topo_.num_nodes; ++n)
+    if (n != topo_.node_id) post_beat_recv(n);
+  try {
+    for (int s = 0; s < topo_.nproc_per_node; ++s) {
+      auto arena = segment_.arena(s);
+      arena_regions_.push_back(transport_->register_memory(arena.data(), arena.size()));
+    }
+  } catch (const std::exception& e) {
+    // Still correct: the transport then registers per message where the provider needs it.
+    spdlog::warn("registering the staging arenas with the fabric failed ({}); registering per message", e.what());
+    arena_regions_.clear();
+  }
+}
+
+const transport::MemoryRegion* Engine::region_for(const void* buf, std::size_t bytes) const {
+  for (const auto& r : arena_regions_)
+    if (r.contains(buf, bytes)) return &r;
+  return nullptr;
+}
+
+Engine::~Engine() = default;
+
+void Engine::post_beat_recv(int node) {
+  auto beat = std::make_shared<Beat>();
+  auto& peer = peers_[static_cast<std::size_t>(node)];
+  transport_->recv(peer.transport_index, kBeatTag, beat.get(), sizeof(Beat), nullptr,
+                   [this, beat, node](transport::Status st) {
+                     auto& p = peers_[static_cast<std::size_t>(node)];
+                     if (!st.ok) {
+                       // Failed by fail_peer (the peer is gone) or by the transport's timeout;
+                       // the latter only means silence, which check_peers judges.
+                       if (p.state == PeerState::Alive) post_beat_recv(node);
+                       return;
+                     }
+                     p.last_heard = Clock::now();
+                     if (beat->magic == kBeatMagic) {
+                       const auto s = static_cast<PeerState>(beat->state);
+                       if (s == PeerState::Failed && p.state == PeerState::Alive) {
+                         beat->error[sizeof beat->error - 1] = '\0';
+                         p.state = PeerState::Failed;
+                         if (!peer_failure_) peer_failure_ = PeerFailure{beat->error, beat->exit_code ? beat->exit_code : 1};
+                       } else if (s == PeerState::Done && p.state == PeerState::Alive) {
+                         p.state = PeerState::Done;
+                       }
+                     }
+                     if (p.state == PeerState::Alive) post_beat_recv(node);
+                   });
+}
+
+void Engine::send_beat(int node, Clock::time_point now) {
+  auto& peer = peers_[static_cast<std::size_t>(node)];
+  // Never send to a peer that ended: some providers (shm) crash sending to a vanished process.
+  // A peer that said goodbye still waits for ours (it leaves once every peer has ended), so it
+  // gets exactly that one.
+  if (peer.state == PeerState::Dead || peer.state == PeerState::Failed) return;
+  if (peer.state == PeerState::Done && (my_state_ == PeerState::Alive || peer.goodbye_sent)) return;
+  if (topo_.nodes[static_cast<std::size_t>(node)].hostname == topo_.nodes[static_cast<std::size_t>(topo_.node_id)].hostname &&
+      !ipc::process_alive(topo_.nodes[static_cast<std::size_t>(node)].pid))
+    return;
+  if (peer.beats_in_flight >= 4) return;  // it does not take them: silence is judged by its side
+  auto beat = std::make_shared<Beat>();
+  beat->state = static_cast<std::uint32_t>(my_state_);
+  beat->exit_code = my_exit_code_;
+  beat->pid = topo_.nodes[static_cast<std::size_t>(topo_.node_id)].pid;
+  std::strncpy(beat->error, my_error_.c_str(), sizeof beat->error - 1);
+  ++peer.beats_in_flight;
+  peer.last_sent = now;
+  if (my_state_ != PeerState::Alive) peer.goodbye_sent = true;
+  transport_->send(peer.transport_index, kBeatTag, beat.get(), sizeof(Beat), nullptr,
+                   [this, beat, node](transport::Status) { --peers_[static_cast<std::size_t>(node)].beats_in_flight; });
+}
+
+void Engine::peer_lost(int node, const std::string& why, int exit_code) {
+  auto& p = peers_[static_cast<std::size_t>(node)];
+  p.state = PeerState::Dead;
+  if (!peer_failure_) peer_failure_ = PeerFailure{why, exit_code};
+  transport_->fail_peer(p.transport_index, why);
+}
+
+void Engine::check_peers(Clock::time_point now) {
+  const auto& my_host = topo_.nodes[static_cast<std::size_t>(topo_.node_id)].hostname;
+  for (int n = 0; n < topo_.num_nodes; ++n) {
+    if (n == topo_.node_id) continue;
+    auto& p = peers_[static_cast<std::size_t>(n)];
+    const auto& info = topo_.nodes[static_cast<std::size_t>(n)];
+    if (p.state == PeerState::Dead) continue;
+    const bool same_host = info.hostname == my_host;
+    const std::string who = "smddp daemon (pid " + std::to_string(info.pid) + ") on node " + std::to_string(n);
+    if (same_host && !ipc::process_alive(info.pid)) {
+      if (p.state == PeerState::Alive) peer_lost(n, who + " died", 1);
+      else p.state = PeerState::Dead;  // it ended or failed and said so first
+      continue;
+    }
+    // Same host: the pid says it all, and a loaded machine may delay a beat. Other hosts: silence.
+    if (!same_host && p.state == PeerState::Alive && now - p.last_heard > options_.heartbeat_timeout)
+      peer_lost(n, who + " died (no heartbeat from " + info.hostname + " for " +
+                       std::to_string(options_.heartbeat_timeout.count()) + " ms)", 1);
+  }
+}
+
+std::optional<Engine::PeerFailure> Engine::take_peer_failure() {
+  if (!peer_failure_ || peer_failure_taken_) return std::nullopt;
+  peer_failure_taken_ = true;
+  return peer_failure_;
+}
+
+void Engine::announce_failure(const std::string& error, int exit_code) {
+  if (my_state_ == PeerState::Failed) return;
+  my_state_ = PeerState::Failed;
+  my_error_ = error;
+  my_exit_code_ = exit_code;
+  const auto now = Clock::now();
+  for (int n = 0; n < topo_.num_nodes; ++n)
+    if (n != topo_.node_id) send_beat(n, now);
+}
+
+void Engine::start(Match m, Clock::time_point now) {
+  auto op = std::make_shared<Op>();
+  op->comm = m.comm;
+  op->match = std::move(m);
+  const int n = op->comm->size();
+  op->local.assign(static_cast<std::size_t>(n), nullptr);
+  for (const auto& p : op->match.posted) op->local[static_cast<std::size_t>(p.group_rank)] = &p;
+  op->descs.resize(static_cast<std::size_t>(n));
+  for (const auto& p : op->match.posted) op->descs[static_cast<std::size_t>(p.group_rank)] = p.desc;
+  for (int g : op->comm->global_ranks) op->nodes.push_back(topo_.node_of(g));
+  std::sort(op->nodes.begin(), op->nodes.end());
+  op->nodes.erase(std::unique(op->nodes.begin(), op->nodes.end()), op->nodes.end());
+  op->me = static_cast<int>(std::lower_bound(op->nodes.begin(), op->nodes.end(), topo_.node_id) - op->nodes.begin());
+  const auto& d = op->match.posted.front().desc;
+  op->key = mix(mix(mix(0x736d646470ull, d.comm_id), d.seq), d.chunk_offset);
+  op->started = now;
+  op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
+  op->heard.assign(op->nodes.size(), 0);
+  op->heard[static_cast<std::size_t>(op->me)] = 1;
+  ops_.push_back(op);
+
+  // Phase 0: every node sends its members' descriptors to every other node of the group.
+  Ctx c(*this, *op);
+  std::vector<ipc::RequestDesc> mine;
+  for (const auto& p : op->match.posted) mine.push_back(p.desc);
+  std::byte* out = c.buffer(mine.size() * sizeof(ipc::RequestDesc));
+  std::memcpy(out, mine.data(), mine.size() * sizeof(ipc::RequestDesc));
+  for (int j = 0; j < static_cast<int>(op->nodes.size()); ++j) {
+    if (j == op->me) continue;
+    c.send(j, 0, out, mine.size() * sizeof(ipc::RequestDesc));
+  }
+  // Receive straight into descs[]: a node's members are consecutive global ranks but not
+  // necessarily consecutive group ranks, so receive into a staging block and scatter later.
+  for (int j = 0; j < static_cast<int>(op->nodes.size()); ++j) {
+    if (j == op->me) continue;
+    int members = 0;
+    for (int g = 0; g < n; ++g) members += op->node_index_of_member(g, topo_) == j;
+    const std::size_t bytes = static_cast<std::size_t>(members) * sizeof(ipc::RequestDesc);
+    std::byte* buf = c.buffer(bytes);
+    ++op->outstanding;
+    const int node = op->nodes[static_cast<std::size_t>(j)];
+    transport_->recv(peers_[static_cast<std::size_t>(node)].transport_index, c.tag(node, topo_.node_id, 0), buf, bytes,
+                     nullptr, [keep = op, j](transport::Status st) {
+                       --keep->outstanding;
+                       if (st.ok) {
+                         keep->heard[static_cast<std::size_t>(j)] = 1;
+                       } else if (keep->error.empty()) {
+                         keep->status = Status::PeerFailed;
+                         keep->error = st.error;
+                       }
+                     });
+  }
+}
+
+void Engine::start_p2p(const Communicator& comm, const Posted& p, Clock::time_point now) {
+  auto op = std::make_shared<Op>();
+  op->comm = &comm;
+  op->p2p = true;
+  op->match = Match{&comm, {p}, Status::Ok, {}};
+  const auto& d = p.desc;
+  const bool is_send = d.op == OpType::Send;
+  const int src = is_send ? p.group_rank : d.root, dst = is_send ? d.root : p.group_rank;
+  const int peer_node = topo_.node_of(comm.global_ranks[static_cast<std::size_t>(d.root)]);
+  op->nodes = {std::min(topo_.node_id, peer_node), std::max(topo_.node_id, peer_node)};
+  op->me = topo_.node_id < peer_node ? 0 : 1;
+  op->local.assign(static_cast<std::size_t>(comm.size()), nullptr);
+  op->local[static_cast<std::size_t>(p.group_rank)] = &op->match.posted.front();
+  op->descs.assign(static_cast<std::size_t>(comm.size()), ipc::RequestDesc{});
+  op->descs[static_cast<std::size_t>(p.group_rank)] = d;
+  op->key = mix(mix(mix(mix(mix(0x703270ull, d.comm_id), static_cast<std::uint64_t>(src)),
+                        static_cast<std::uint64_t>(dst)), d.seq), d.chunk_offset);
+  op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
+  ops_.push_back(op);
+  Ctx c(*this, *op);
+  const int other = 1 - op->me;
+  const std::size_t bytes = d.chunk_count * ipc::dtype_size(d.dtype);
+  if (is_send) {
+    // The descriptor first (the receiver checks it), then the data straight from the arena.
+    std::byte* hdr = c.buffer(sizeof d);
+    std::memcpy(hdr, &d, sizeof d);
+    c.send(other, 0, hdr, sizeof d);
+    c.send(other, 1, c.in(p.group_rank), bytes);
+  } else {
+    c.recv(other, 0, c.buffer(sizeof d), sizeof d);
+    c.recv(other, 1, c.out(p.group_rank), bytes);
+  }
+}
+
+namespace {
+
+bool reduces(OpType op) { return op == OpType::AllReduce || op == OpType::Reduce || op == OpType::ReduceScatter; }
+bool rooted(OpType op) {
+  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
+}
+// The fields every member must agree on (as the Matcher's local check).
+bool same_signature(const ipc::RequestDesc& a, const ipc::RequestDesc& b) {
+  constexpr std::uint32_t kMustMatch = ipc::kFlagSdp | ipc::kFlagSplits;
+  if (a.op != b.op || a.dtype != b.dtype || a.count != b.count || a.chunk_offset != b.chunk_offset ||
+      a.chunk_count != b.chunk_count || (a.flags & kMustMatch) != (b.flags & kMustMatch))
+    return false;
+  if (reduces(a.op) && a.reduce_op != b.reduce_op) return false;
+  if (rooted(a.op) && a.root != b.root) return false;
+  return true;
+}
+
+}  // namespace
+
+bool Engine::advance(Op& op, Clock::time_point now) {
+  if (op.outstanding > 0) {
+    if (now >= op.deadline && op.error.empty()) {
+      std::ostringstream s;
+      s << describe_call(op.match.posted.front().desc) << " on communicator " << op.comm->id << " (operation #"
+        << op.match.posted.front().desc.seq << ") timed out after "
+        << std::chrono::duration<double>(op.deadline - op.started).count() << " s: ";
+      const auto missing = unheard_ranks(op);
+      if (missing.empty()) {
+        s << "the other node(s) of the group did not finish their part";
+      } else {
+        s << "rank(s)";
+        for (int g : missing) s << " " << g;
+        s << " on other node(s) never posted it (or not all of their node's ranks did)";
+      }
+      op.status = Status::Timeout;
+      op.error = s.str();
+      return true;  // its callbacks keep the op (and its buffers) alive until they run
+    }
+    return false;
+  }
+  if (!op.error.empty()) return true;
+  Ctx c(*this, op);
+  if (op.p2p) {
+    const auto& mine = op.match.posted.front().desc;
+    if (mine.op == OpType::Recv) {
+      ipc::RequestDesc s;
+      std::memcpy(&s, op.buffers.front().get(), sizeof s);
+      if (s.dtype != mine.dtype || s.count != mine.count || s.chunk_offset != mine.chunk_offset ||
+          s.chunk_count != mine.chunk_count || s.tag != mine.tag) {
+        op.status = Status::Mismatch;
+        op.error = "send/recv mismatch on communicator " + std::to_string(mine.comm_id) + ": rank " +
+                   std::to_string(op.comm->global_ranks[static_cast<std::size_t>(mine.root)]) + " called " +
+                   describe_call(s) + ", rank " +
+                   std::to_string(op.comm->global_ranks[static_cast<std::size_t>(op.match.posted.front().group_rank)]) +
+                   " called " + describe_call(mine);
+      }
+    }
+    return true;
+  }
+  if (op.phase == 0) {
+    // Scatter the received descriptors into group-rank order, then judge the signatures.
+    std::size_t buf = 1;  // buffers[0] is what we sent
+    const int n = op.size();
+    for (int j = 0; j < static_cast<int>(op.nodes.size()); ++j) {
+      if (j == op.me) continue;
+      const auto* recvd = reinterpret_cast<const ipc::RequestDesc*>(op.buffers[buf++].get());
+      for (int g = 0; g < n; ++g)
+        if (op.node_index_of_member(g, topo_) == j) std::memcpy(&op.descs[static_cast<std::size_t>(g)], recvd++, sizeof(ipc::RequestDesc));
+    }
+    bool agree = true;
+    for (int g = 1; g < n; ++g) agree = agree && same_signature(op.descs[0], op.descs[static_cast<std::size_t>(g)]);
+    if (!agree) {
+      std::ostringstream s;
+      s << "collective mismatch on communicator " << op.comm->id << " (operation #" << op.descs[0].seq << "):";
+      for (int g = 0; g < n; ++g)
+        s << (g ? ", " : " ") << "rank " << op.comm->global_ranks[static_cast<std::size_t>(g)] << " called "
+          << describe_call(op.descs[static_cast<std::size_t>(g)]);
+      op.status = Status::Mismatch;
+      op.error = s.str();
+      op.mismatch = true;
+      return true;
+    }
+  }
+  // Run algorithm steps until one posts messages or the op is done.
+  for (;;) {
+    ++op.phase;
+    bool done = false;
+    try {
+      switch (op.d0().op) {
+        case OpType::AllReduce:
+        case OpType::Reduce: done = allreduce_step(c); break;
+        case OpType::ReduceScatter: done = reduce_scatter_step(c); break;
+        case OpType::Broadcast: done = broadcast_step(c); break;
+        case OpType::AllGather: done = allgather_step(c); break;
+        case OpType::Gather:
+        case OpType::Scatter: done = gather_scatter_step(c); break;
+        case OpType::AllToAll: done = alltoall_step(c); break;
+        case OpType::Barrier: done = true; break;
+        default: c.fail(Status::Unsupported, std::string(ipc::to_string(op.d0().op)) + " is not a collective"); done = true;
+      }
+    } catch (const std::exception& e) {
+      c.fail(Status::Internal, std::string("internal error: ") + e.what());
+      done = true;
+    }
+    if (done || !op.error.empty()) return true;
+    if (op.outstanding > 0) return false;
+  }
+}
+
+std::vector<int> Engine::unheard_ranks(const Op& op) const {
+  std::vector<int> out;
+  if (op.p2p) return out;
+  for (int g = 0; g < op.size(); ++g)
+    if (!op.heard[static_cast<std::size_t>(op.node_index_of_member(g, topo_))])
+      out.push_back(op.comm->global_ranks[static_cast<std::size_t>(g)]);
+  return out;
+}
+
+std::vector<StallInfo> Engine::stalls(Clock::time_point now, std::chrono::seconds stall_after, bool new_only) {
+  std::vector<StallInfo> out;
+  for (auto& op : ops_) {
+    if (op->p2p || now - op->started < stall_after || (new_only && op->stall_reported)) continue;
+    auto missing = unheard_ranks(*op);
+    if (missing.empty()) continue;
+    if (new_only) op->stall_reported = true;
+    const auto& d = op->match.posted.front().desc;
+    out.push_back({d.comm_id, d.seq, d.op, std::chrono::duration<double>(now - op->started).count(), std::move(missing)});
+  }
+  return out;
+}
+
+Finished Engine::finish_op(Op& op) {
+  Finished f{op.match, op.bytes, op.mismatch};
+  f.match.status = op.status;
+  f.match.error = op.error;
+  return f;
+}
+
+std::vector<Finished> Engine::progress(Clock::time_point now) {
+  std::vector<Finished> out;
+  while (transport_->progress() > 0) {
+  }
+  for (auto it = ops_.begin(); it != ops_.end();) {
+    if (advance(**it, now)) {
+      out.push_back(finish_op(**it));
+      it = ops_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Heartbeats and peer checks cost syscalls: at most every 20 ms of a spinning loop.
+  if (now - last_check_ >= std::chrono::milliseconds(20)) {
+    last_check_ = now;
+    for (int n = 0; n < topo_.num_nodes; ++n) {
+      if (n == topo_.node_id) continue;
+      if (now - peers_[static_cast<std::size_t>(n)].last_sent >= options_.heartbeat_every) send_beat(n, now);
+    }
+    check_peers(now);
+  }
+  return out;
+}
+
+std::vector<Finished> Engine::fail_all(Status status, const std::string& error) {
+  std::vector<Finished> out;
+  for (auto& op : ops_) {
+    if (op->error.empty()) {
+      op->status = status;
+      op->error = error;
+    }
+    out.push_back(finish_op(*op));
+  }
+  ops_.clear();  // pending callbacks still hold the ops (and their buffers)
+  return out;
+}
+
+void Engine::finish(std::chrono::milliseconds max_wait) {
+  if (my_state_ == PeerState::Alive) my_state_ = PeerState::Done;
+  auto now = Clock::now();
+  for (int n = 0; n < topo_.num_nodes; ++n)
+    if (n != topo_.node_id) send_beat(n, now);
+  const auto until = now + max_wait;
+  // A failed node leaves at once; a clean one waits for its peers so its last sends land.
+  const bool wait_for_peers = my_state_ == PeerState::Done;
+  for (;;) {
+    transport_->progress();
+    now = Clock::now();
+    check_peers(now);
+    bool all_ended = true, sends_pending = false;
+    for (int n = 0; n < topo_.num_nodes; ++n) {
+      if (n == topo_.node_id) continue;
+      const auto& p = peers_[static_cast<std::size_t>(n)];
+      all_ended = all_ended && p.state != PeerState::Alive;
+      // Beats to a peer that still listens must land (our goodbye is what it waits for).
+      sends_pending = sends_pending || ((p.state == PeerState::Alive || p.state == PeerState::Done) && p.beats_in_flight > 0);
+    }
+    if ((!wait_for_peers || all_ended) && !sends_pending) break;
+    if (now >= until) {
+      spdlog::warn("leaving while peer daemons still run (waited {} ms)", max_wait.count());
+      break;
+    }
+    for (int n = 0; n < topo_.num_nodes; ++n)
+      if (n != topo_.node_id && now - peers_[static_cast<std::size_t>(n)].last_sent >= options_.heartbeat_every)
+        send_beat(n, now);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace smddp::daemon::internode

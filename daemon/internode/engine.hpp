@@ -1,0 +1,146 @@
+// Inter-node engine: runs collectives whose communicator spans several nodes.
+//
+// Layering: the Matcher lines up a collective among this node's ranks; the Engine then
+// (1) exchanges the local members' descriptors with every other node of the communicator,
+//     so a signature mismatch is judged on the same global data everywhere (one message
+//     naming each rank's call, on every node);
+// (2) runs the hierarchical algorithm of the operation (daemon/internode/*.cpp): a step on
+//     the host arenas inside the node, an exchange among the daemons over the Transport,
+//     a step that writes the ranks' outputs. Each chunk of a pipelined operation is its own
+//     Engine operation, so chunk k's network transfer overlaps chunk k+1's local reduction.
+// It also carries the daemons' heartbeats: a daemon that dies, or whose job fails, makes every
+// other daemon fail its job with a message naming the cause.
+//
+// Threading: single-threaded, driven by the daemon's progress loop (like the Transport).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/matcher.hpp"
+#include "daemon/transport/transport.hpp"
+#include "daemon/worker_pool.hpp"
+#include "ipc/segment.hpp"
+
+namespace smddp::daemon::internode {
+
+struct PeerInfo {
+  int pid = 0;
+  std::string hostname;
+};
+
+struct Topology {
+  int node_id = 0;
+  int num_nodes = 1;
+  int nproc_per_node = 1;
+  std::vector<PeerInfo> nodes;  // indexed by node id (this node included)
+  // Global rank g lives on node g / nproc_per_node: every node runs the same number of ranks.
+  int node_of(int global) const noexcept { return global / nproc_per_node; }
+};
+
+// An operation that ended: its local requests and how it ended.
+struct Finished {
+  Match match;
+  std::uint64_t bytes = 0;  // bytes written to local outputs or sent
+  bool mismatch = false;    // the signature check failed: the daemon fails the whole sequence
+};
+
+struct Op;  // one collective chunk or one remote send/recv in flight (engine.cpp)
+
+class Engine {
+ public:
+  struct Options {
+    std::chrono::milliseconds heartbeat_every{200};
+    // A peer on another host silent this long is declared dead (same-host peers are checked
+    // by pid at once: simulated nodes).
+    std::chrono::milliseconds heartbeat_timeout{2000};
+    std::chrono::milliseconds default_timeout{1800000};
+  };
+
+  // `transport` has not met its peers yet; `addresses` are every node's endpoint names
+  // (indexed by node id), agreed through the bootstrap.
+  Engine(Topology topo, std::unique_ptr<transport::Transport> transport,
+         const std::vector<std::vector<std::uint8_t>>& addresses, const ipc::Segment& segment, WorkerPool& pool,
+         Options options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  bool spans_nodes(const Communicator& c) const noexcept { return c.local_member_count() < c.size(); }
+  // Starts a collective whose local members all posted (m.status == Ok, posted in group-rank order).
+  void start(Match m, Clock::time_point now);
+  // Starts a send or recv whose peer lives on another node.
+  void start_p2p(const Communicator& comm, const Posted& p, Clock::time_point now);
+
+  // Drives the transport, advances operations, sends heartbeats, checks peers. Returns the
+  // operations that ended. `now` is the loop's clock.
+  std::vector<Finished> progress(Clock::time_point now);
+  bool busy() const noexcept { return !ops_.empty(); }
+  // Operations whose descriptors some node has not sent for `stall_after`, naming the ranks of
+  // those nodes; `new_only`: each reported once (for the log).
+  std::vector<StallInfo> stalls(Clock::time_point now, std::chrono::seconds stall_after, bool new_only);
+
+  // A peer's failure (it died, or its job failed): the text to fail the job with, and the exit
+  // code. Reported once.
+  struct PeerFailure {
+    std::string error;
+    int exit_code = 1;
+  };
+  std::optional<PeerFailure> take_peer_failure();
+  // Tells every peer that this node's job failed (they fail theirs with the same text).
+  void announce_failure(const std::string& error, int exit_code);
+  // Fails every operation in flight (job failure) and returns them.
+  std::vector<Finished> fail_all(ipc::Status status, const std::string& error);
+  // Clean end: tells the peers, then keeps serving the transport until every peer has ended
+  // too (or failed), so a peer's last messages are not cut off.
+  void finish(std::chrono::milliseconds max_wait);
+
+  std::string describe() const { return transport_->describe(); }
+
+  // For algorithms (daemon/internode/*.cpp).
+  struct Ctx;
+
+ private:
+  enum class PeerState : std::uint32_t { Alive = 0, Done = 1, Failed = 2, Dead = 3 };
+  struct Peer {
+    int transport_index = -1;
+    PeerState state = PeerState::Alive;
+    Clock::time_point last_heard;
+    Clock::time_point last_sent{};
+    int beats_in_flight = 0;
+    bool goodbye_sent = false;  // our Done/Failed beat went out
+  };
+  void post_beat_recv(int node);
+  void send_beat(int node, Clock::time_point now);
+  void check_peers(Clock::time_point now);
+  void peer_lost(int node, const std::string& why, int exit_code);
+  bool advance(Op& op, Clock::time_point now);  // true when the op has ended
+  const transport::MemoryRegion* region_for(const void* buf, std::size_t bytes) const;
+  Finished finish_op(Op& op);
+  std::vector<int> unheard_ranks(const Op& op) const;
+
+  Topology topo_;
+  std::unique_ptr<transport::Transport> transport_;
+  // The ranks' arenas, registered once: sends and receives from and into them need no
+  // per-message registration on providers that want registered buffers (efa). Declared after
+  // transport_ so they are closed first.
+  std::vector<transport::MemoryRegion> arena_regions_;
+  const ipc::Segment& segment_;
+  WorkerPool& pool_;
+  Options options_;
+  std::vector<Peer> peers_;  // indexed by node id
+  std::deque<std::shared_ptr<Op>> ops_;
+  std::optional<PeerFailure> peer_failure_;
+  bool peer_failure_taken_ = false;
+  Clock::time_point last_check_{};
+  PeerState my_state_ = PeerState::Alive;
+  std::string my_error_;
+  int my_exit_code_ = 0;
+};
+
+}  // namespace smddp::daemon::internode

@@ -1,0 +1,86 @@
+// One inter-node operation in flight, and the context the algorithms post messages through.
+// Internal to daemon/internode.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/internode/engine.hpp"
+
+namespace smddp::daemon::internode {
+
+struct Op : std::enable_shared_from_this<Op> {
+  Match match;  // this node's requests (collectives: in group-rank order)
+  const Communicator* comm = nullptr;
+  bool p2p = false;
+  std::vector<const Posted*> local;      // group rank -> this node's request, or null
+  std::vector<ipc::RequestDesc> descs;   // group rank -> every member's request (after phase 0)
+  std::vector<int> nodes;                // nodes holding members, ascending
+  int me = 0;                            // this node's index in `nodes`
+  int phase = 0;                         // 0: descriptor exchange; then the algorithm's steps
+  int outstanding = 0;                   // messages whose callback has not run
+  ipc::Status status = ipc::Status::Ok;
+  std::string error;
+  bool mismatch = false;
+  Clock::time_point started;
+  Clock::time_point deadline;
+  std::vector<char> heard;               // node index -> its descriptors arrived (phase 0)
+  bool stall_reported = false;
+  std::uint64_t key = 0;                 // hash of (comm, seq, chunk): the base of every tag
+  std::uint64_t bytes = 0;
+  std::vector<std::unique_ptr<std::byte[]>> buffers;  // staging, freed with the op
+  std::vector<std::vector<std::int64_t>> splits;      // alltoall split tables by group rank
+
+  const ipc::RequestDesc& d0() const { return descs.front(); }
+  int size() const { return comm->size(); }
+  int node_index_of_member(int g, const Topology& t) const;
+};
+
+// What an algorithm step sees. Messages are addressed by node index (position in op.nodes)
+// and a `sub` number both sides derive alike (a block or a pair of group ranks).
+class Engine::Ctx {
+ public:
+  Ctx(Engine& e, Op& op) : e_(e), op_(op) {}
+  Op& op() { return op_; }
+  const Topology& topo() const { return e_.topo_; }
+  WorkerPool& pool() { return e_.pool_; }
+
+  void send(int node_index, std::uint64_t sub, const void* buf, std::size_t bytes);
+  void recv(int node_index, std::uint64_t sub, void* buf, std::size_t bytes);
+  std::byte* in(int g) const;   // member g's input in its arena (g must be local)
+  std::byte* out(int g) const;  // member g's output in its arena (g must be local)
+  bool is_local(int g) const { return op_.local[static_cast<std::size_t>(g)] != nullptr; }
+  int node_index_of(int g) const { return op_.node_index_of_member(g, e_.topo_); }
+  std::byte* buffer(std::size_t bytes);
+  void fail(ipc::Status status, std::string error);
+  // Element-wise reduction split across the worker pool for large counts.
+  void reduce(ipc::DType dtype, ipc::ReduceOp op, const std::vector<const void*>& inputs, void* out,
+              std::uint64_t count, double premul_scale);
+  void copy(std::byte* dst, const std::byte* src, std::uint64_t bytes);
+  std::uint64_t tag(int src_node, int dst_node, std::uint64_t sub) const;
+
+ private:
+  Engine& e_;
+  Op& op_;
+};
+
+// Hierarchical reductions reduce inside the node first, then across nodes. AVG is a sum
+// scaled once at the end by 1/size; PREMUL_SUM scales each rank's input in the local step.
+inline ipc::ReduceOp local_reduce_op(ipc::ReduceOp op) { return op == ipc::ReduceOp::Avg ? ipc::ReduceOp::Sum : op; }
+inline ipc::ReduceOp global_reduce_op(ipc::ReduceOp op) {
+  return op == ipc::ReduceOp::Avg || op == ipc::ReduceOp::PremulSum ? ipc::ReduceOp::Sum : op;
+}
+
+// The algorithms: called with op.phase = 1, 2, ... each time the previous step's messages
+// have all completed. Post the step's messages and return false, or return true when done.
+bool allreduce_step(Engine::Ctx& c);       // AllReduce and Reduce: reduce-scatter + all-gather
+bool reduce_scatter_step(Engine::Ctx& c);
+bool broadcast_step(Engine::Ctx& c);
+bool allgather_step(Engine::Ctx& c);
+bool gather_scatter_step(Engine::Ctx& c);  // Gather and Scatter
+bool alltoall_step(Engine::Ctx& c);
+
+}  // namespace smddp::daemon::internode

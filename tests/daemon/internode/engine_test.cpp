@@ -1,0 +1,221 @@
+// Inter-node engine: two "nodes" in one process, each with its own segment (2 ranks), worker
+// pool and transport endpoint: an in-process loopback (always; sanitizer builds too) and, where
+// libfabric is built, tcp;ofi_rxm on loopback. Matches built by hand as the matcher hands them
+// over, both engines driven until their operations end.
+#include "daemon/internode/engine.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/daemon/internode/loopback_transport.hpp"
+
+namespace smddp::daemon::internode {
+namespace {
+
+using ipc::DType;
+using ipc::OpType;
+using ipc::ReduceOp;
+
+constexpr std::uint64_t kArena = 1ull << 20;
+constexpr std::uint64_t kOut = 512ull << 10;
+constexpr int kRanks = 2;  // per node
+
+std::string unique_job() {
+  static std::atomic<int> n{0};
+  return "t-inter-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+struct Node {
+  Node(int id, const std::string& job, const std::shared_ptr<transport::LoopbackFabric>& loopback)
+      : seg(ipc::Segment::create(spec(id, job))), pool(2), transport(open(loopback)) {
+    comm.id = 0;
+    for (int g = 0; g < 2 * kRanks; ++g) {
+      comm.global_ranks.push_back(g);
+      comm.slots.push_back(g / kRanks == id ? g % kRanks : -1);
+    }
+  }
+  static ipc::SegmentSpec spec(int id, const std::string& job) {
+    ipc::SegmentSpec s;
+    s.job_id = job;
+    s.node_id = id;
+    s.num_nodes = 2;
+    s.local_world_size = kRanks;
+    s.world_size = 2 * kRanks;
+    s.first_rank = id * kRanks;
+    s.arena_bytes = kArena;
+    return s;
+  }
+  static std::unique_ptr<transport::Transport> open(const std::shared_ptr<transport::LoopbackFabric>& loopback) {
+    if (loopback) return std::make_unique<transport::LoopbackTransport>(loopback);
+#ifndef SMDDP_HAVE_FABRIC
+    throw std::logic_error("no libfabric in this build");
+#else
+    transport::TransportConfig c;
+    c.provider = "tcp;ofi_rxm";
+    c.interface = "lo";
+    return transport::make_fabric_transport(c);
+#endif
+  }
+  float* in(int slot) { return reinterpret_cast<float*>(seg.arena(slot).data()); }
+  float* out(int slot) { return reinterpret_cast<float*>(seg.arena(slot).data() + kOut); }
+  Match match(ipc::RequestDesc d, int node_id, std::uint64_t in_bytes, std::uint64_t out_bytes) {
+    Match m{&comm, {}, ipc::Status::Ok, {}};
+    for (int s = 0; s < kRanks; ++s) {
+      Posted p;
+      p.slot = s;
+      p.group_rank = node_id * kRanks + s;
+      p.desc = d;
+      p.desc.input = {ipc::BufferKind::Arena, {}, 0, in_bytes};
+      p.desc.output = {ipc::BufferKind::Arena, {}, kOut, out_bytes};
+      m.posted.push_back(p);
+    }
+    return m;
+  }
+  ipc::Segment seg;
+  WorkerPool pool;
+  std::unique_ptr<transport::Transport> transport;
+  Communicator comm;
+  std::unique_ptr<Engine> engine;
+};
+
+// Parameter: "loopback" or "fabric".
+class EngineTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const auto job = unique_job();
+    auto loopback = GetParam() == "loopback" ? std::make_shared<transport::LoopbackFabric>() : nullptr;
+    for (int i = 0; i < 2; ++i) nodes.push_back(std::make_unique<Node>(i, job, loopback));
+    Topology t;
+    t.num_nodes = 2;
+    t.nproc_per_node = kRanks;
+    t.nodes = {{::getpid(), "test-host"}, {::getpid(), "test-host"}};
+    std::vector<std::vector<std::uint8_t>> addresses;
+    for (auto& n : nodes) addresses.push_back(n->transport->local_address());
+    for (int i = 0; i < 2; ++i) {
+      t.node_id = i;
+      nodes[i]->engine = std::make_unique<Engine>(t, std::move(nodes[i]->transport), addresses, nodes[i]->seg,
+                                                 nodes[i]->pool, Engine::Options{});
+    }
+  }
+  // Drives both engines until each has finished `want` operations.
+  std::vector<std::vector<Finished>> drive(std::size_t want = 1) {
+    std::vector<std::vector<Finished>> done(2);
+    const auto until = Clock::now() + std::chrono::seconds(20);
+    while ((done[0].size() < want || done[1].size() < want) && Clock::now() < until)
+      for (int i = 0; i < 2; ++i)
+        for (auto& f : nodes[i]->engine->progress(Clock::now())) done[i].push_back(std::move(f));
+    return done;
+  }
+  std::vector<std::unique_ptr<Node>> nodes;
+};
+
+ipc::RequestDesc desc(OpType op, std::uint64_t count) {
+  ipc::RequestDesc d;
+  d.op = op;
+  d.dtype = DType::Float32;
+  d.reduce_op = ReduceOp::Sum;
+  d.count = count;
+  d.chunk_count = count;
+  d.seq = 1;
+  return d;
+}
+
+TEST_P(EngineTest, AllReduceSumsEveryRankOfEveryNode) {
+  constexpr std::uint64_t n = 1001;  // odd: shards of unequal size
+  for (int i = 0; i < 2; ++i)
+    for (int s = 0; s < kRanks; ++s)
+      for (std::uint64_t k = 0; k < n; ++k) nodes[i]->in(s)[k] = static_cast<float>((i * kRanks + s + 1) * k);
+  for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(desc(OpType::AllReduce, n), i, n * 4, n * 4), Clock::now());
+  auto done = drive();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(done[i].size(), 1u);
+    EXPECT_EQ(done[i][0].match.status, ipc::Status::Ok) << done[i][0].match.error;
+    for (int s = 0; s < kRanks; ++s)
+      for (std::uint64_t k = 0; k < n; ++k) ASSERT_EQ(nodes[i]->out(s)[k], static_cast<float>(10 * k)) << i << s << k;
+  }
+}
+
+TEST_P(EngineTest, AllGatherPlacesEveryBlock) {
+  constexpr std::uint64_t n = 300;
+  for (int i = 0; i < 2; ++i)
+    for (int s = 0; s < kRanks; ++s)
+      for (std::uint64_t k = 0; k < n; ++k) nodes[i]->in(s)[k] = static_cast<float>(1000 * (i * kRanks + s) + k);
+  for (int i = 0; i < 2; ++i)
+    nodes[i]->engine->start(nodes[i]->match(desc(OpType::AllGather, n), i, n * 4, 4 * n * 4), Clock::now());
+  auto done = drive();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(done[i].size(), 1u);
+    EXPECT_EQ(done[i][0].match.status, ipc::Status::Ok) << done[i][0].match.error;
+    for (int s = 0; s < kRanks; ++s)
+      for (int g = 0; g < 4; ++g)
+        for (std::uint64_t k = 0; k < n; ++k) ASSERT_EQ(nodes[i]->out(s)[g * n + k], static_cast<float>(1000 * g + k));
+  }
+}
+
+TEST_P(EngineTest, MismatchAcrossNodesIsOneMessageNamingEveryCallOnBothNodes) {
+  for (int i = 0; i < 2; ++i) {
+    auto m = nodes[i]->match(desc(OpType::AllReduce, 8), i, 64, 64);
+    if (i == 1) m.posted[1].desc.count = m.posted[1].desc.chunk_count = 9;  // rank 3
+    nodes[i]->engine->start(std::move(m), Clock::now());
+  }
+  auto done = drive();
+  ASSERT_EQ(done[0].size(), 1u);
+  ASSERT_EQ(done[1].size(), 1u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(done[i][0].match.status, ipc::Status::Mismatch);
+    EXPECT_TRUE(done[i][0].mismatch);
+    EXPECT_EQ(done[i][0].match.error, done[0][0].match.error);
+    EXPECT_NE(done[i][0].match.error.find("rank 0 called allreduce(float32, count=8"), std::string::npos);
+    EXPECT_NE(done[i][0].match.error.find("rank 3 called allreduce(float32, count=9"), std::string::npos);
+  }
+}
+
+TEST_P(EngineTest, AnOperationOtherNodesNeverPostStallsThenTimesOutNamingTheirRanks) {
+  auto d = desc(OpType::AllReduce, 8);
+  d.timeout_ms = 300;
+  nodes[0]->engine->start(nodes[0]->match(d, 0, 64, 64), Clock::now());
+  auto stalls = nodes[0]->engine->stalls(Clock::now() + std::chrono::seconds(5), std::chrono::seconds(1), true);
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].missing_global_ranks, (std::vector<int>{2, 3}));
+  EXPECT_TRUE(nodes[0]->engine->stalls(Clock::now() + std::chrono::seconds(5), std::chrono::seconds(1), true).empty());
+  std::vector<Finished> done;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (done.empty() && Clock::now() < until) {
+    done = nodes[0]->engine->progress(Clock::now());
+    nodes[1]->engine->progress(Clock::now());
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].match.status, ipc::Status::Timeout);
+  EXPECT_NE(done[0].match.error.find("rank(s) 2 3 on other node(s) never posted it"), std::string::npos)
+      << done[0].match.error;
+}
+
+TEST_P(EngineTest, AFailedNodeTellsTheOther) {
+  nodes[0]->engine->announce_failure("rank 1 (pid 42) on node 0 was killed by signal 9 (SIGKILL)", 137);
+  std::optional<Engine::PeerFailure> f;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (!f && Clock::now() < until) {
+    nodes[0]->engine->progress(Clock::now());
+    nodes[1]->engine->progress(Clock::now());
+    f = nodes[1]->engine->take_peer_failure();
+  }
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->error, "rank 1 (pid 42) on node 0 was killed by signal 9 (SIGKILL)");
+  EXPECT_EQ(f->exit_code, 137);
+  EXPECT_FALSE(nodes[0]->engine->take_peer_failure());
+}
+
+#ifdef SMDDP_HAVE_FABRIC
+INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("loopback", "fabric"));
+#else
+INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("loopback"));
+#endif
+
+}  // namespace
+}  // namespace smddp::daemon::internode

@@ -1,0 +1,121 @@
+"""Jobs across simulated nodes: smddprun --simulate-nodes K runs K daemons on this machine,
+each with its own segment and node id, their traffic through libfabric over loopback
+(tcp;ofi_rxm) or shared memory (shm). Every collective and dtype, then the failure cases with
+the victim on another node than some of the survivors."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import bin_dir
+from test_cpu_collectives import assert_all_ranks_passed
+from test_failures import results, wait_for_files
+
+PROVIDERS = ["tcp;ofi_rxm", "shm"]
+
+
+def nodes(k, provider="tcp;ofi_rxm"):
+    return ("--simulate-nodes", str(k), "--set", f"fabric.provider={provider}")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("k", [2, 3])
+def test_every_collective_small_sizes_across_nodes(job, k, provider):
+    # Sizes 0, 1, 7 and 1 MiB + 3 elements, every dtype and reduce op, plus the communicator
+    # {0, 2}, whose members live on two different nodes.
+    r = job.run(2, "collective_check", "--subgroup", extra=nodes(k, provider))
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 2 * k)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("k", [2, 3])
+def test_every_collective_64_mib_across_nodes(job, k, provider):
+    # 64 chunks per operation in flight through the pipeline. One float and one half type keep
+    # the test short; `--dtypes` left out checks all nine (a few minutes per configuration).
+    r = job.run(2, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20, "--dtypes", "float32,bfloat16",
+                extra=nodes(k, provider))
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 2 * k)
+
+
+def test_nodes_with_different_rank_counts_are_refused(job):
+    # smddprun gives every node the same count; a hand-made mpirun line might not.
+    daemon = str(bin_dir() / "smddp-daemon")
+    common = ["--job-id", job.id, "--simulate-nodes", "2"]
+    cmd = ["mpirun", "--oversubscribe", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+           "--mca", "oob_tcp_if_include", "lo"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += ["-np", "1", daemon, *common, "--nproc-per-node", "1", "--", "/bin/true", ":",
+            "-np", "1", daemon, *common, "--nproc-per-node", "2", "--", "/bin/true"]
+    r = subprocess.run(cmd, env=job.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    assert r.returncode != 0
+    assert "nodes run different numbers of ranks (1 to 2)" in r.stdout, r.stdout[-3000:]
+
+
+def test_mismatch_across_nodes_names_every_call_everywhere(job):
+    r = job.run(2, "failure_worker", "--mode", "mismatch", extra=nodes(2))
+    assert r.returncode == 0, r.stdout[-3000:]
+    res = results(r.stdout)
+    assert sorted(res) == [0, 1, 2, 3], r.stdout[-3000:]
+    for rank, (_, msg) in res.items():
+        assert "collective mismatch" in msg, msg
+        for other in range(4):
+            assert f"rank {other} called allreduce(float32, count={8 + other}" in msg, msg
+    assert len(re.findall(r"^AFTER \d 4$", r.stdout, re.M)) == 4, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_killed_rank_on_another_node_fails_every_rank_within_5s(job, provider):
+    # Rank 2 lives on node 1; ranks 0 and 1 on node 0 learn it from node 1's daemon.
+    proc = job.start(2, "failure_worker", "--mode", "stuck", "--victim", 2, "--dir", job.dir, extra=nodes(2, provider))
+    try:
+        wait_for_files([job.dir / f"ready.{r}" for r in range(4)] + [job.dir / "victim.pid"])
+        time.sleep(0.5)
+        victim = int((job.dir / "victim.pid").read_text())
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    res = results(out)
+    assert sorted(res) == [0, 1, 3], out[-3000:]
+    for rank, (at, msg) in res.items():
+        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
+        assert f"rank 2 (pid {victim})" in msg and "SIGKILL" in msg, msg
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_killed_daemon_on_another_node_fails_every_rank_within_5s(job, provider):
+    # Rank 3's daemon is node 1's: ranks 0 and 1 (node 0) hear it from their daemon, rank 2
+    # (node 1) sees its own daemon die.
+    proc = job.start(2, "failure_worker", "--mode", "stuck", "--victim", 3, "--dir", job.dir, extra=nodes(2, provider))
+    victim = None
+    try:
+        wait_for_files([job.dir / f"ready.{r}" for r in range(4)] + [job.dir / "victim.pid"])
+        time.sleep(0.5)
+        victim = int((job.dir / "victim.pid").read_text())
+        daemon = int(open(f"/proc/{victim}/stat").read().split(")")[1].split()[1])
+        killed_at = time.time()
+        os.kill(daemon, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if victim:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    res = results(out)
+    assert sorted(res) == [0, 1, 2], out[-3000:]
+    for rank, (at, msg) in res.items():
+        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
+        assert f"smddp daemon (pid {daemon}) on node 1 died" in msg, msg
