@@ -3,12 +3,18 @@
 # start real daemons and ranks through smddprun, the Python tests of the plugin, and ASan and
 # TSan builds of the ipc, client and daemon tests. GPU tests skip without a GPU.
 # Benchmarks are not run here: see scripts/bench_cpu.sh and scripts/device-check.sh.
+# `scripts/test.sh --long` runs the long tests instead (label `long`, tens of minutes).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 ./scripts/setup.sh
 
 jobs=$(nproc)
+if [ "${1:-}" = "--long" ]; then
+  # Long runs, kept out of the default (CI) run: every dtype at 64 MiB across simulated nodes.
+  ctest --test-dir build -L long --output-on-failure
+  exit $?
+fi
 status=0
 run() { echo "== $*"; "$@" || status=1; }
 

@@ -42,6 +42,16 @@ def test_every_collective_64_mib_across_nodes(job, k, provider):
     assert_all_ranks_passed(r.stdout, 2 * k)
 
 
+@pytest.mark.skipif(os.environ.get("SMDDP_LONG_TESTS") != "1",
+                    reason="long run (all nine dtypes at 64 MiB, minutes per configuration): scripts/test.sh --long")
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("k", [2, 3])
+def test_every_collective_64_mib_all_dtypes_across_nodes(job, k, provider):
+    r = job.run(2, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20, extra=nodes(k, provider))
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 2 * k)
+
+
 def test_nodes_with_different_rank_counts_are_refused(job):
     # smddprun gives every node the same count; a hand-made mpirun line might not.
     daemon = str(bin_dir() / "smddp-daemon")
