@@ -50,9 +50,16 @@ case("broadcast_root", E.SMDDPInvalidArgumentError,
 case("send_to_self", E.SMDDPInvalidArgumentError, lambda: dist.group.WORLD.send([torch.zeros(4)], rank, 0).wait(),
      contains="itself")
 case("recv_any_source", E.SMDDPUnsupportedError, lambda: dist.recv(torch.zeros(4)), contains="any source")
+# One call, tensors on two devices: cpu and cuda where there is a GPU; without one, the meta
+# device, which smddp refuses as such.
 if torch.cuda.is_available():
-    case("cuda_not_yet", E.SMDDPUnsupportedError, lambda: dist.all_reduce(torch.zeros(4, device="cuda")),
-         contains="CUDA")
+    case("two_devices", E.SMDDPInvalidArgumentError,
+         lambda: dist.all_gather([torch.zeros(4) for _ in range(W - 1)] + [torch.zeros(4, device="cuda")],
+                                 torch.zeros(4)), contains="different devices")
+else:
+    case("two_devices", E.SMDDPUnsupportedError,
+         lambda: dist.all_gather([torch.zeros(4) for _ in range(W - 1)] + [torch.zeros(4, device="meta")],
+                                 torch.zeros(4)), contains="device meta")
 
 
 # Sizes that differ between ranks: only the daemon can see it; every rank gets the mismatch.
