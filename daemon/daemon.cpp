@@ -195,6 +195,7 @@ int Daemon::loop() {
   Clock::time_point last_activity = Clock::now();
   for (;;) {
     const auto now = Clock::now();
+    if (status_wanted_.load(std::memory_order_relaxed) && status_wanted_.exchange(false)) update_status(now);
     if (drive_internode(now)) last_activity = now;
     const bool polled = poll_rings(now);
     if (gpu_progress() || polled) {
@@ -597,6 +598,8 @@ void Daemon::update_status(Clock::time_point now) {
              {"recent_bandwidth_gbps", recent_gbps_},
              {"stalls", std::move(stalls)},
              {"job_error", job_error_}};
+  ++status_generation_;
+  status_cv_.notify_all();
 }
 
 nlohmann::json Daemon::gpu_status() const {
@@ -613,7 +616,12 @@ nlohmann::json Daemon::gpu_status() const {
 }
 
 nlohmann::json Daemon::snapshot() const {
-  std::lock_guard lk(status_mu_);
+  std::unique_lock lk(status_mu_);
+  const auto generation = status_generation_;
+  status_wanted_.store(true, std::memory_order_release);
+  segment_.header().daemon_bell.ring();
+  // Bounded: a loop that is busy in a long operation, or already gone, answers with the last one.
+  status_cv_.wait_for(lk, std::chrono::milliseconds(200), [&] { return status_generation_ != generation; });
   nlohmann::json s = status_;
   s["errors"] = errors_;
   return s;

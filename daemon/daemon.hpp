@@ -3,11 +3,13 @@
 //
 // Threading: the progress loop (run()) is the only thread that touches the segment's rings,
 // the matcher and the executors; the control server thread reads a status snapshot under
-// status_mu_; the worker pool's threads run only inside HostExecutor::run.
+// status_mu_, after asking the loop for a fresh one (status_wanted_ and the daemon bell); the
+// worker pool's threads run only inside HostExecutor::run.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -133,6 +135,11 @@ class Daemon {
 
   mutable std::mutex status_mu_;
   nlohmann::json status_;  // rebuilt by the loop, read by the control thread
+  // A control request asks the loop for a fresh status (the periodic one may be up to a
+  // housekeeping period plus an idle sleep old: a job that just ran would show nothing done).
+  mutable std::atomic<bool> status_wanted_{false};
+  mutable std::condition_variable status_cv_;
+  std::uint64_t status_generation_ = 0;  // under status_mu_
   std::vector<nlohmann::json> errors_;
   std::vector<StallInfo> stalls_;
 

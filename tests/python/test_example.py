@@ -15,3 +15,16 @@ def test_train_ddp_example(launcher):
     losses = [float(m) for m in re.findall(r"step +\d+ +loss ([0-9.]+)", job.output)]
     assert len(losses) == 10 and losses[-1] < losses[0], losses
     assert "backend smddp" in job.output
+
+
+def test_show_status_is_current():
+    # What ./scripts/demo.sh prints: the status rank 0 asks for right after training must count
+    # the collectives the job just ran (a status older than the job's few milliseconds of
+    # training would show none).
+    job = run_job(os.path.join(SOURCE_ROOT, "examples", "train_ddp.py"), 2,
+                  args=["--steps", "10", "--device", "cpu", "--show-status"])
+    assert job.returncode == 0, job.output[-3000:]
+    m = re.search(r"collectives: +(\d+) done", job.output)
+    assert m, job.output[-3000:]
+    assert int(m.group(1)) >= 10, "status shows %s collectives after 10 DDP steps\n%s" % (m.group(1), job.output[-2000:])
+    assert "smddp-ctl health exit status: 0" in job.output
