@@ -9,14 +9,6 @@ namespace smddp::daemon::internode {
 
 using ipc::OpType;
 
-namespace {
-int first_local(Engine::Ctx& c) {
-  for (int g = 0; g < c.op().size(); ++g)
-    if (c.is_local(g)) return g;
-  return -1;
-}
-}  // namespace
-
 bool allreduce_step(Engine::Ctx& c) {
   Op& op = c.op();
   const auto& d = op.d0();
@@ -27,7 +19,7 @@ bool allreduce_step(Engine::Ctx& c) {
   const std::uint64_t my_lo = shard_lo(op.me), my_n = shard_lo(op.me + 1) - my_lo;
   int locals = 0;
   for (int g = 0; g < op.size(); ++g) locals += c.is_local(g);
-  const int first = first_local(c);
+  const int first = c.first_local();
   // AllReduce accumulates in the first local rank's output (no staging, no final copy for
   // it); Reduce in a staging buffer (only the root has an output). With one local rank and no
   // per-input scaling there is nothing to reduce locally: its input is sent as it is.

@@ -8,20 +8,12 @@ namespace smddp::daemon::internode {
 
 using ipc::OpType;
 
-namespace {
-int first_local(Engine::Ctx& c) {
-  for (int g = 0; g < c.op().size(); ++g)
-    if (c.is_local(g)) return g;
-  return -1;
-}
-}  // namespace
-
 bool broadcast_step(Engine::Ctx& c) {
   Op& op = c.op();
   const auto& d = op.d0();
   const std::uint64_t bytes = d.chunk_count * ipc::dtype_size(d.dtype);
   const int P = static_cast<int>(op.nodes.size()), root_node = c.node_index_of(d.root);
-  const int first = first_local(c);
+  const int first = c.first_local();
   if (op.phase == 1) {
     if (root_node == op.me) {
       for (int j = 0; j < P; ++j)
@@ -44,7 +36,7 @@ bool allgather_step(Engine::Ctx& c) {
   const auto& d = op.d0();
   const std::uint64_t cb = d.chunk_count * ipc::dtype_size(d.dtype);
   const int n = op.size(), P = static_cast<int>(op.nodes.size());
-  const int first = first_local(c);
+  const int first = c.first_local();
   if (op.phase == 1) {
     for (int g = 0; g < n; ++g) {
       if (!c.is_local(g)) {

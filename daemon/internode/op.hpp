@@ -53,6 +53,12 @@ class Engine::Ctx {
   std::byte* in(int g) const;   // member g's input in its arena (g must be local)
   std::byte* out(int g) const;  // member g's output in its arena (g must be local)
   bool is_local(int g) const { return op_.local[static_cast<std::size_t>(g)] != nullptr; }
+  // The lowest group rank on this node (-1 if none): where a node's single local copy lives.
+  int first_local() const {
+    for (int g = 0; g < op_.size(); ++g)
+      if (is_local(g)) return g;
+    return -1;
+  }
   int node_index_of(int g) const { return op_.node_index_of_member(g, e_.topo_); }
   std::byte* buffer(std::size_t bytes);
   void fail(ipc::Status status, std::string error);
