@@ -35,8 +35,11 @@ def test_mismatch_fails_every_rank_naming_each_call(job):
     assert len(re.findall(r"^AFTER \d 4$", r.stdout, re.M)) == 4, r.stdout[-3000:]
 
 
-def test_killed_rank_fails_the_others_within_5s(job):
-    proc = job.start(4, "failure_worker", "--mode", "stuck", "--victim", 2, "--dir", job.dir)
+def check_killed_rank(job, nproc_per_node, extra=()):
+    """Runs failure_worker over 4 ranks in all, SIGKILLs rank 2 once the others wait inside
+    their allreduce, and checks that ranks 0, 1 and 3 fail within 5 s naming it."""
+    proc = job.start(nproc_per_node, "failure_worker", "--mode", "stuck", "--victim", 2, "--dir", job.dir,
+                     extra=extra)
     try:
         wait_for_files([job.dir / f"ready.{r}" for r in range(4)] + [job.dir / "victim.pid"])
         time.sleep(0.5)  # the others are now inside their allreduce
@@ -53,6 +56,10 @@ def test_killed_rank_fails_the_others_within_5s(job):
     for rank, (at, msg) in res.items():
         assert at - killed_at < 5.0, (rank, at - killed_at, msg)
         assert f"rank 2 (pid {victim})" in msg and "SIGKILL" in msg, msg
+
+
+def test_killed_rank_fails_the_others_within_5s(job):
+    check_killed_rank(job, 4)
 
 
 def test_killed_daemon_fails_every_rank_within_5s(job):

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import bin_dir
 from test_cpu_collectives import assert_all_ranks_passed
-from test_failures import results, wait_for_files
+from test_failures import check_killed_rank, results, wait_for_files
 
 PROVIDERS = ["tcp;ofi_rxm", "shm"]
 
@@ -82,23 +82,7 @@ def test_mismatch_across_nodes_names_every_call_everywhere(job):
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_killed_rank_on_another_node_fails_every_rank_within_5s(job, provider):
     # Rank 2 lives on node 1; ranks 0 and 1 on node 0 learn it from node 1's daemon.
-    proc = job.start(2, "failure_worker", "--mode", "stuck", "--victim", 2, "--dir", job.dir, extra=nodes(2, provider))
-    try:
-        wait_for_files([job.dir / f"ready.{r}" for r in range(4)] + [job.dir / "victim.pid"])
-        time.sleep(0.5)
-        victim = int((job.dir / "victim.pid").read_text())
-        killed_at = time.time()
-        os.kill(victim, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
-    res = results(out)
-    assert sorted(res) == [0, 1, 3], out[-3000:]
-    for rank, (at, msg) in res.items():
-        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
-        assert f"rank 2 (pid {victim})" in msg and "SIGKILL" in msg, msg
+    check_killed_rank(job, 2, extra=nodes(2, provider))
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
