@@ -383,6 +383,20 @@ void ClientImpl::publish_flag_block(const std::array<std::uint8_t, 64>& handle) 
   slot_.flag_block_published.store(1, std::memory_order_release);
 }
 
+std::optional<std::array<std::uint8_t, 64>> ClientImpl::flag_block_of(int slot) const {
+  if (slot < 0 || slot >= local_world_size_) return std::nullopt;
+  const auto& s = segment_.slot(slot);
+  if (!s.flag_block_published.load(std::memory_order_acquire)) return std::nullopt;
+  std::array<std::uint8_t, 64> h{};
+  std::memcpy(h.data(), s.flag_block_handle, h.size());
+  return h;
+}
+
+void ClientImpl::set_exec_handler(ExecHandler handler) {
+  std::lock_guard lk(mu_);
+  exec_handler_ = std::move(handler);
+}
+
 void ClientImpl::finish_locked(OpState& op, Deferred& callbacks) {
   if (op.done_.load(std::memory_order_relaxed)) return;
   op.done_.store(true, std::memory_order_release);
@@ -397,6 +411,11 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
   while (slot_.completions.try_pop(c) == ipc::SpscRing<ipc::CompletionDesc, ipc::kCompletionRingCapacity>::PopResult::Item) {
     auto it = inflight_.find(c.request_id);
     if (it == inflight_.end()) continue;  // answered after we gave up on it
+    if (it->second.op->plan_.rank_exec) {
+      // In ring order, under the lock: the plugin must run plans in the daemon's order.
+      if (exec_handler_) exec_handler_(it->second.op->plan_.exec_token, c);
+      if (c.kind == ipc::CompletionKind::Handles) continue;  // the plan follows
+    }
     auto inf = std::move(it->second);
     inflight_.erase(it);
     OpState& op = *inf.op;
@@ -831,6 +850,9 @@ class CommImpl final : public Communicator {
     p.dev_out = ref(c.output);
     p.wait_event = c.wait_event;
     p.wait_value = c.wait_value;
+    p.rank_exec = c.rank_exec;
+    p.exec_token = c.exec_token;
+    if (c.rank_exec) p.base.flags |= ipc::kFlagRankExec;
     if (c.stream_value) p.base.flags |= ipc::kFlagStreamValue;
     if (c.stream_value && c.device_flags) p.base.flags |= ipc::kFlagDeviceFlags;
     if (c.stream_value && !c.device_flags && c.daemon_cpu_wait) p.base.flags |= ipc::kFlagDaemonCpuWait;

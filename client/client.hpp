@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ipc/protocol.hpp"
 #include "ipc/types.hpp"
 
 namespace smddp::client {
@@ -83,6 +84,10 @@ struct DeviceCall {
   bool daemon_cpu_wait = false;  // host flags; the daemon waits on its CPU (kFlagDaemonCpuWait)
   std::uint64_t wait_value = 0;
   std::vector<std::uint64_t> splits;
+  // Rank-side execution (ipc::kFlagRankExec): the daemon answers with a plan, handed to the
+  // client's exec handler with this token; the caller runs the GPU work itself.
+  bool rank_exec = false;
+  std::uint64_t exec_token = 0;
 };
 
 struct CallOptions {
@@ -218,6 +223,17 @@ class Client {
   // Publishes the IPC handle of this rank's GPU flag block (ipc::kFlagBlockBytes of device
   // memory: stream flags, then the done flag) for DeviceCall::device_flags requests.
   virtual void publish_flag_block(const std::array<std::uint8_t, 64>& handle) { (void)handle; }
+  // The flag block handle local rank `slot` published, if it did.
+  virtual std::optional<std::array<std::uint8_t, 64>> flag_block_of(int slot) const {
+    (void)slot;
+    return std::nullopt;
+  }
+  // Rank-side GPU execution: every completion of a DeviceCall with rank_exec (the Handles
+  // ones, the Plan, or a failure) is handed to `handler` with the call's exec_token, in the
+  // order the daemon sent them, before the Work is marked done. The handler runs with the
+  // client's lock held: it must be quick and must not call back into the client.
+  using ExecHandler = std::function<void(std::uint64_t token, const ipc::CompletionDesc&)>;
+  virtual void set_exec_handler(ExecHandler handler) { (void)handler; }
 };
 using ClientPtr = std::shared_ptr<Client>;
 

@@ -55,6 +55,8 @@ struct OpPlan {
   ipc::BufferRef dev_in, dev_out;
   int wait_event = -1;
   std::uint64_t wait_value = 0;
+  bool rank_exec = false;
+  std::uint64_t exec_token = 0;
 };
 
 class OpState final : public Work, public std::enable_shared_from_this<OpState> {
@@ -113,6 +115,8 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::optional<std::array<std::uint8_t, 64>> daemon_event_handle(int index) const override;
   std::optional<GpuSyncArea> gpu_sync_area() override;
   void publish_flag_block(const std::array<std::uint8_t, 64>& handle) override;
+  std::optional<std::array<std::uint8_t, 64>> flag_block_of(int slot) const override;
+  void set_exec_handler(ExecHandler handler) override;
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
   std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);
@@ -163,6 +167,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::unordered_map<std::uint64_t, Inflight> inflight_;
   static constexpr std::uint64_t kNoRegion = ~std::uint64_t{0};  // device request without aux
   std::mutex events_mu_;  // export_event may be called from any thread
+  ExecHandler exec_handler_;  // guarded by mu_
   std::uint64_t next_request_id_ = 1;
   std::string dead_;  // why the client can no longer work ("" while healthy)
   std::uint64_t last_heartbeat_ = 0;

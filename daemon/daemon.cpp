@@ -292,7 +292,9 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     p.group_rank = *g;
   }
   // --- GPU path (issue 5): CUDA buffers need the GPU executor, created on first use.
-  if (cuda::is_device_request(d)) {
+  if (cuda::is_device_request(d) && (d.flags & ipc::kFlagRankExec)) {
+    ctx.cuda_enabled = true;  // the ranks run it; the daemon only maps nothing
+  } else if (cuda::is_device_request(d)) {
     ctx.cuda_enabled = gpu() != nullptr;
     if (!ctx.cuda_enabled)
       return complete(p, Status::Unsupported, "smddp: CUDA tensors need the daemon's GPU path, which is off: " + gpu_off_);
@@ -337,6 +339,26 @@ void Daemon::resolve(std::vector<Match> matches) {
         continue;
       }
     }
+    const auto rank_exec = [](const Posted& p) { return (p.desc.flags & ipc::kFlagRankExec) != 0; };
+    if (m.status == Status::Ok && m.comm && std::any_of(m.posted.begin(), m.posted.end(), rank_exec)) {
+      std::optional<std::string> err;
+      if (!std::all_of(m.posted.begin(), m.posted.end(), rank_exec))
+        err = "smddp " + std::string(ipc::to_string(op)) +
+              ": ranks disagree on where GPU work runs (SMDDP_GPU_EXEC must be the same on every rank)";
+      else
+        err = send_plans(m);
+      if (!err) {
+        ++collectives_done_;
+        ++rank_exec_ops_;
+        for (const auto& p : m.posted) {
+          bytes_moved_ += p.desc.output.bytes;
+          bw_window_bytes_ += p.desc.output.bytes;
+        }
+        continue;  // every member got its plan
+      }
+      m.status = Status::Mismatch;
+      m.error = *err;
+    }
     if (m.status == Status::Ok && m.comm && m.posted.front().desc.op != OpType::CommCreate) {
       std::uint64_t bytes = 0;
       std::optional<std::string> err;
@@ -375,6 +397,107 @@ void Daemon::resolve(std::vector<Match> matches) {
 }
 
 // --- GPU path (issue 5) -------------------------------------------------------------------
+std::optional<std::string> Daemon::send_plans(const Match& m) {
+  const int n = static_cast<int>(m.posted.size());
+  const std::string op(ipc::to_string(m.posted.front().desc.op));
+  if (n > ipc::kPlanMaxMembers)
+    return "smddp " + op + ": the rank-side GPU path runs groups of up to " + std::to_string(ipc::kPlanMaxMembers) +
+           " ranks; this one has " + std::to_string(n) + " (set SMDDP_GPU_EXEC=daemon)";
+  for (const auto& p : m.posted) {
+    // Every member's GPU work reads the others' buffers: they must agree on the shape.
+    const auto& a = p.desc;
+    const auto& b = m.posted.front().desc;
+    if (a.count != b.count || a.dtype != b.dtype || a.reduce_op != b.reduce_op || a.root != b.root ||
+        (a.flags & ipc::kFlagSdp) != (b.flags & ipc::kFlagSdp))
+      if (a.op != OpType::Send && a.op != OpType::Recv)
+        return "smddp " + op + ": ranks called it with different counts, dtypes, reduce ops or roots";
+  }
+  ipc::PlanHeader plan;
+  plan.members = static_cast<std::uint16_t>(n);
+  ipc::CompletionDesc final_c;
+  for (int i = 0; i < n; ++i) {
+    const auto& d = m.posted[static_cast<std::size_t>(i)].desc;
+    ipc::PlanMember pm;
+    pm.slot = m.posted[static_cast<std::size_t>(i)].slot;
+    const auto ref = [](const ipc::BufferRef& r) {
+      ipc::PlanRef x;
+      if (r.kind == ipc::BufferKind::CudaIpc) {
+        x.alloc_id = r.alloc_id;
+        x.offset = r.offset;
+        x.bytes = r.bytes;
+      }
+      return x;
+    };
+    pm.in = ref(d.input);
+    pm.out = ref(d.output);
+    final_c.set_plan_member(i, pm);
+  }
+  for (int r = 0; r < n; ++r) {
+    const Posted& to = m.posted[static_cast<std::size_t>(r)];
+    // The handles of the others' allocations this receiver has not been sent (or that changed).
+    std::vector<ipc::PlanHandle> fresh;
+    for (int i = 0; i < n; ++i) {
+      if (i == r) continue;
+      const Posted& from = m.posted[static_cast<std::size_t>(i)];
+      for (const ipc::BufferRef* b : {&from.desc.input, &from.desc.output}) {
+        if (b->kind != ipc::BufferKind::CudaIpc) continue;
+        std::array<std::uint8_t, ipc::kCudaIpcHandleBytes> h{};
+        std::memcpy(h.data(), b->ipc_handle, h.size());
+        auto [it, added] = handles_sent_.try_emplace({to.slot, from.slot, b->alloc_id}, h);
+        if (!added && it->second == h) continue;
+        it->second = h;
+        ipc::PlanHandle ph;
+        ph.slot = from.slot;
+        ph.alloc_id = b->alloc_id;
+        std::memcpy(ph.handle, h.data(), h.size());
+        if (std::none_of(fresh.begin(), fresh.end(),
+                         [&](const ipc::PlanHandle& x) { return x.slot == ph.slot && x.alloc_id == ph.alloc_id; }))
+          fresh.push_back(ph);
+      }
+    }
+    for (std::size_t at = 0; at < fresh.size(); at += ipc::kPlanHandlesPerCompletion) {
+      ipc::CompletionDesc c;
+      c.request_id = to.desc.request_id;
+      c.comm_id = to.desc.comm_id;
+      c.seq = to.desc.seq;
+      c.kind = ipc::CompletionKind::Handles;
+      ipc::PlanHeader h;
+      h.handles = static_cast<std::uint16_t>(std::min(ipc::kPlanHandlesPerCompletion, fresh.size() - at));
+      c.set_plan_header(h);
+      for (int k = 0; k < h.handles; ++k) c.set_plan_handle(k, fresh[at + static_cast<std::size_t>(k)]);
+      if (!push_completion(to.slot, c)) return std::nullopt;  // the job failed
+    }
+    ipc::CompletionDesc c = final_c;
+    c.request_id = to.desc.request_id;
+    c.comm_id = to.desc.comm_id;
+    c.seq = to.desc.seq;
+    c.kind = ipc::CompletionKind::Plan;
+    plan.me = static_cast<std::uint16_t>(r);
+    c.set_plan_header(plan);
+    auto& info = ranks_[static_cast<std::size_t>(to.slot)];
+    if (info.pending) --info.pending;
+    if (!push_completion(to.slot, c)) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+bool Daemon::push_completion(int slot_index, const ipc::CompletionDesc& c) {
+  auto& slot = segment_.slot(slot_index);
+  // Handles completions come on top of one completion per request; a rank with a full ring
+  // is draining it (its progress thread runs while it has work in flight).
+  const auto give_up = Clock::now() + std::chrono::seconds(5);
+  while (!slot.completions.try_push(c)) {
+    if (Clock::now() > give_up || !ipc::process_alive(ranks_[static_cast<std::size_t>(slot_index)].pid)) {
+      fail_job("rank " + std::to_string(slot.rank) + " does not drain its completion ring", 1);
+      return false;
+    }
+    slot.client_bell.ring();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  slot.client_bell.ring();
+  return true;
+}
+
 cuda::GpuExecutor* Daemon::gpu() {
   if (!gpu_tried_) {
     gpu_tried_ = true;
@@ -507,6 +630,9 @@ void Daemon::on_rank_exit(const RankExit& ex) {
   const std::string what = "rank " + std::to_string(global) + " (pid " + std::to_string(ex.pid) + ") on node " +
                            std::to_string(layout_.node_id) + " " + how;
   const bool clean = exit_code_of(ex.wait_status) == 0;
+  std::erase_if(handles_sent_, [&](const auto& e) {
+    return std::get<0>(e.first) == ex.local_rank || std::get<1>(e.first) == ex.local_rank;
+  });
   slot.state.store(static_cast<std::uint32_t>(clean ? ipc::SlotState::Exited : ipc::SlotState::Failed),
                    std::memory_order_release);
   if (clean) {
@@ -603,9 +729,16 @@ void Daemon::update_status(Clock::time_point now) {
 }
 
 nlohmann::json Daemon::gpu_status() const {
-  if (!gpu_) return {{"enabled", false}, {"why", gpu_tried_ ? gpu_off_ : std::string("not started (no CUDA request yet)")}};
+  if (!gpu_) {
+    if (rank_exec_ops_)
+      return {{"enabled", true},
+              {"devices", "rank-side execution (each rank runs its part on its own GPU; the daemon launches nothing)"},
+              {"rank_side_operations", rank_exec_ops_}};
+    return {{"enabled", false}, {"why", gpu_tried_ ? gpu_off_ : std::string("not started (no CUDA request yet)")}};
+  }
   const auto st = gpu_->stats();
   return {{"enabled", true},
+          {"rank_side_operations", rank_exec_ops_},
           {"devices", gpu_->describe()},
           {"kernel_launches", st.kernel_launches},
           {"copies", st.copies},

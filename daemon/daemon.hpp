@@ -10,7 +10,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
+#include <tuple>
+#include <array>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -103,6 +106,14 @@ class Daemon {
   nlohmann::json gpu_status() const;
   // Enqueues deferred GPU work whose inputs became ready; true if any ran.
   bool gpu_progress();
+  // Rank-side execution (kFlagRankExec): answers every member with the IPC handles it lacks,
+  // then the plan. Returns an error instead when the match cannot run that way.
+  std::optional<std::string> send_plans(const Match& m);
+  // Pushes a completion to `slot`'s ring (waiting briefly if that ring is full).
+  bool push_completion(int slot, const ipc::CompletionDesc& c);
+  // Which IPC handle each receiving slot was last sent for (owner slot, allocation id).
+  std::map<std::tuple<int, int, std::uint64_t>, std::array<std::uint8_t, ipc::kCudaIpcHandleBytes>> handles_sent_;
+  std::uint64_t rank_exec_ops_ = 0;
 
   JobLayout layout_;
   DaemonConfig config_;

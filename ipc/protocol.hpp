@@ -49,8 +49,16 @@ inline constexpr std::uint32_t kFlagDeviceFlags = 1u << 5;
 // (on a GPU shared by two processes a blocked cross-process wait can cost a ~2 ms timeslice).
 // The completion comes at once, with the done value the daemon's GPU will write.
 inline constexpr std::uint32_t kFlagDaemonCpuWait = 1u << 6;
+// GPU path, rank-side execution (the default): the daemon matches and validates, and answers
+// every member with a plan (CompletionKind::Plan: the members' buffers), preceded by the IPC
+// handles the member has not been sent yet (CompletionKind::Handles). Each rank then runs its
+// part on its own stream, in its own CUDA context, against peer-mapped buffers, ordered by
+// flags in the ranks' GPU flag blocks. No GPU work runs in the daemon, so no GPU is
+// time-sliced between two processes' contexts. wait_event/wait_value are unused.
+inline constexpr std::uint32_t kFlagRankExec = 1u << 7;
 inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
-                                             kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait;
+                                             kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait |
+                                             kFlagRankExec;
 
 struct RequestDesc {
   std::uint64_t request_id = 0;  // client-chosen, echoed in the completion
@@ -78,12 +86,47 @@ struct RequestDesc {
 
 inline constexpr std::size_t kErrorTextBytes = 960;
 
+// What a completion carries besides its status (kFlagRankExec requests only use the others).
+enum class CompletionKind : std::uint8_t {
+  Final = 0,    // the request is done (or failed: error text)
+  Handles = 1,  // not final: IPC handles of peers' allocations (PlanHandle[]), a plan follows
+  Plan = 2,     // final, status Ok: the members' buffers (PlanHeader, PlanMember[])
+};
+
+// Rank-side plans live in the completion's error bytes (unused on success).
+inline constexpr int kPlanMaxMembers = 8;
+struct PlanRef {
+  std::uint64_t alloc_id = 0;  // 0: no buffer
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+struct PlanMember {
+  std::int32_t slot = -1;  // local rank (segment slot)
+  std::uint32_t reserved = 0;
+  PlanRef in, out;
+};
+struct PlanHeader {
+  std::uint16_t members = 0;  // PlanMember entries that follow, by group rank (p2p: send, recv)
+  std::uint16_t me = 0;       // the receiver's index among them
+  std::uint16_t handles = 0;  // Handles completions: PlanHandle entries that follow
+  std::uint16_t reserved = 0;
+};
+struct PlanHandle {
+  std::int32_t slot = -1;  // owner of the allocation
+  std::uint32_t reserved = 0;
+  std::uint64_t alloc_id = 0;
+  std::uint8_t handle[kCudaIpcHandleBytes] = {};
+};
+inline constexpr std::size_t kPlanHandlesPerCompletion = (kErrorTextBytes - sizeof(PlanHeader)) / sizeof(PlanHandle);
+static_assert(sizeof(PlanHeader) + kPlanMaxMembers * sizeof(PlanMember) <= kErrorTextBytes);
+
 struct CompletionDesc {
   std::uint64_t request_id = 0;
   std::uint64_t comm_id = 0;
   std::uint64_t seq = 0;
   Status status = Status::Ok;
-  std::uint8_t reserved[3] = {};
+  CompletionKind kind = CompletionKind::Final;
+  std::uint8_t reserved[2] = {};
   std::int32_t daemon_event = -1;  // GPU: index of the daemon event that marks it done
   std::uint64_t daemon_value = 0;  // GPU, kFlagStreamValue: done_flag reaches it when done
   char error[kErrorTextBytes] = {};
@@ -95,6 +138,30 @@ struct CompletionDesc {
     if (n < text.size() && n >= 3) std::memcpy(error + n - 3, "...", 3);
   }
   std::string_view error_text() const noexcept { return {error, ::strnlen(error, kErrorTextBytes)}; }
+
+  // Plan payload (kind Handles or Plan); the setters assume the counts fit.
+  PlanHeader plan_header() const noexcept {
+    PlanHeader h;
+    std::memcpy(&h, error, sizeof h);
+    return h;
+  }
+  void set_plan_header(const PlanHeader& h) noexcept { std::memcpy(error, &h, sizeof h); }
+  PlanMember plan_member(int i) const noexcept {
+    PlanMember m;
+    std::memcpy(&m, error + sizeof(PlanHeader) + static_cast<std::size_t>(i) * sizeof m, sizeof m);
+    return m;
+  }
+  void set_plan_member(int i, const PlanMember& m) noexcept {
+    std::memcpy(error + sizeof(PlanHeader) + static_cast<std::size_t>(i) * sizeof m, &m, sizeof m);
+  }
+  PlanHandle plan_handle(int i) const noexcept {
+    PlanHandle h;
+    std::memcpy(&h, error + sizeof(PlanHeader) + static_cast<std::size_t>(i) * sizeof h, sizeof h);
+    return h;
+  }
+  void set_plan_handle(int i, const PlanHandle& h) noexcept {
+    std::memcpy(error + sizeof(PlanHeader) + static_cast<std::size_t>(i) * sizeof h, &h, sizeof h);
+  }
 };
 
 static_assert(std::is_trivially_copyable_v<RequestDesc>);

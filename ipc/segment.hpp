@@ -26,7 +26,7 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 2;  // 2: daemon event table per rank (GPU path)
+inline constexpr std::uint32_t kLayoutVersion = 3;  // 3: completion kinds and rank-side plans
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -97,6 +97,10 @@ struct RankSlot {
 };
 inline constexpr std::size_t kFlagBlockBytes = 4096;  // >= (kMaxEvents + 1) * 8
 static_assert((kMaxEvents + 1) * 8 <= kFlagBlockBytes);
+// kFlagRankExec: word kBarrierFlagBase + w of a rank's flag block is written by local rank w
+// (counts of the barriers the two ranks passed together), waited on by the block's owner.
+inline constexpr std::size_t kBarrierFlagBase = kMaxEvents + 8;
+static_assert((kBarrierFlagBase + kMaxLocalRanks) * 8 <= kFlagBlockBytes);
 
 struct SegmentSpec {
   std::string job_id;

@@ -155,6 +155,11 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
   if ((r.flags & kFlagDeviceFlags) && !(r.flags & kFlagStreamValue)) return bad("device flags without stream flags");
   if ((r.flags & kFlagDaemonCpuWait) && (!(r.flags & kFlagStreamValue) || (r.flags & kFlagDeviceFlags)))
     return bad("a CPU-side wait needs stream flags in host memory");
+  if (r.flags & kFlagRankExec) {
+    if (!device) return bad("rank-side GPU execution of a host request");
+    if (r.flags & (kFlagStreamValue | kFlagDaemonCpuWait)) return bad("rank-side GPU execution with daemon-side flags");
+    if (r.op == OpType::AllToAll && (r.flags & kFlagSplits)) return bad("rank-side GPU execution of alltoall with splits");
+  }
   return std::nullopt;
 }
 

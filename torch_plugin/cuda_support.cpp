@@ -6,9 +6,14 @@
 #include <optional>
 #include <map>
 #include <unordered_map>
+#include <atomic>
 
 #include "ipc/segment.hpp"
 #include "torch_plugin/errors.hpp"
+
+#if SMDDP_PLUGIN_CUDA
+#include "client/gpu/peer_executor.hpp"
+#endif
 
 #if SMDDP_PLUGIN_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -138,6 +143,31 @@ struct CudaPath::Impl {
   enum class Mode { DeviceFlags, HostFlags, CpuWait, Events };
   Mode mode = Mode::DeviceFlags;
   bool use_flags = true;
+  // Rank-side execution (the default): the executor of this rank's GPU, and the tokens
+  // that tie a submitted call to the plan the daemon answers with.
+  bool rank_exec = true;
+  std::shared_ptr<client::gpu::PeerExecutor> exec;
+  std::atomic<std::uint64_t> next_token{1};
+  client::gpu::PeerExecutor& executor(int device) {
+    if (exec) {
+      if (exec->device() != device)
+        throw SmddpException(ErrorKind::InvalidArgument, "smddp: this rank already runs GPU collectives on cuda:" +
+                                                             std::to_string(exec->device()) + ", not cuda:" +
+                                                             std::to_string(device) + " (one GPU per rank)");
+      return *exec;
+    }
+    auto c = locked();
+    try {
+      exec = std::make_shared<client::gpu::PeerExecutor>(c, device, completion_stream(device).stream());
+    } catch (const std::exception& e) {
+      throw SmddpException(ErrorKind::Internal, std::string("smddp: cannot start the rank-side GPU path: ") + e.what());
+    }
+    std::weak_ptr<client::gpu::PeerExecutor> weak = exec;
+    c->set_exec_handler([weak](std::uint64_t token, const ipc::CompletionDesc& done) {
+      if (auto x = weak.lock()) x->on_completion(token, done);
+    });
+    return *exec;
+  }
   void* flag_block = nullptr;
   bool flags_ready = false;
   std::uint64_t* flags_host = nullptr;  // stream_flags[]
@@ -255,8 +285,9 @@ struct CudaPath::Impl {
 
   c10::cuda::CUDAStream completion_stream(int device) {
     auto it = completion.find(device);
+    // High priority, as NCCL's: collectives should not queue behind the model's kernels.
     if (it == completion.end())
-      it = completion.emplace(device, c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device))).first;
+      it = completion.emplace(device, c10::cuda::getStreamFromPool(true, static_cast<c10::DeviceIndex>(device))).first;
     return it->second;
   }
 };
@@ -269,9 +300,18 @@ CudaPath::CudaPath(std::shared_ptr<client::Client> client) : impl_(std::make_uni
                  : mode == "cpu"  ? Impl::Mode::CpuWait
                                   : Impl::Mode::DeviceFlags;
   impl_->use_flags = impl_->mode != Impl::Mode::Events;
+  const std::string exec = std::getenv("SMDDP_GPU_EXEC") ? std::getenv("SMDDP_GPU_EXEC") : "";
+  if (!exec.empty() && exec != "rank" && exec != "daemon")
+    throw SmddpException(ErrorKind::InvalidArgument,
+                         "smddp: SMDDP_GPU_EXEC=" + exec + " is not one of rank (the default) or daemon");
+  impl_->rank_exec = exec != "daemon";
 }
 
 CudaPath::~CudaPath() {
+  if (impl_->exec) {
+    if (auto c = impl_->client.lock()) c->set_exec_handler(nullptr);
+    impl_->exec.reset();
+  }
   for (auto& e : impl_->events)
     if (e.ev) cudaEventDestroy(e.ev);
   for (auto ev : impl_->daemon_events)
@@ -345,6 +385,47 @@ void CudaPath::mark_inputs(c10::Device device, client::DeviceCall& call) {
   (void)dev;
   call.wait_event = record_input_event(device, stream);
 }
+
+bool CudaPath::rank_exec() const noexcept { return impl_->rank_exec; }
+
+void CudaPath::prepare_rank_exec(c10::Device device, client::DeviceCall& call, void* local_in, void* local_out,
+                                 double scale) {
+  c10::cuda::CUDAGuard g(device);
+  client::gpu::PeerExecutor* x = nullptr;
+  {
+    std::lock_guard lk(impl_->mu);
+    x = &impl_->executor(device.index());
+  }
+  client::gpu::LocalOp l;
+  l.op = call.op;
+  l.dtype = call.dtype;
+  l.reduce_op = call.reduce_op;
+  l.scale = scale;
+  l.root = call.root;
+  l.count = call.count;
+  l.in = local_in;
+  l.out = local_out;
+  try {
+    l.ready = x->record_ready(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  } catch (const std::exception& e) {
+    throw SmddpException(ErrorKind::Internal, std::string("smddp: ") + e.what());
+  }
+  call.rank_exec = true;
+  call.exec_token = impl_->next_token.fetch_add(1);
+  x->expect(call.exec_token, l);
+}
+
+void CudaPath::forget_rank_exec(std::uint64_t token) {
+  if (impl_->exec) impl_->exec->forget(token);
+}
+
+std::optional<std::string> CudaPath::run_rank_exec(std::uint64_t token) {
+  if (!impl_->exec) return std::string("smddp: no rank-side GPU executor");
+  impl_->exec->drain();
+  return impl_->exec->take_error(token);
+}
+
+void* CudaPath::staging_ptr(const std::shared_ptr<Staging>& s) { return s ? s->ptr : nullptr; }
 
 int CudaPath::record_input_event(c10::Device device, void* stream_ptr) {
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
@@ -497,6 +578,11 @@ client::DeviceBuffer CudaPath::buffer(const at::Tensor&, const char* op) {
   throw_unsupported(op, "this smddp build has no GPU path (torch without CUDA)");
 }
 void CudaPath::mark_inputs(c10::Device, client::DeviceCall&) {}
+bool CudaPath::rank_exec() const noexcept { return false; }
+void CudaPath::prepare_rank_exec(c10::Device, client::DeviceCall&, void*, void*, double) {}
+void CudaPath::forget_rank_exec(std::uint64_t) {}
+std::optional<std::string> CudaPath::run_rank_exec(std::uint64_t) { return std::nullopt; }
+void* CudaPath::staging_ptr(const std::shared_ptr<Staging>&) { return nullptr; }
 void CudaPath::release_event(int) {}
 std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device, const std::vector<DoneMark>&, const std::vector<at::Tensor>&,
                                                    const std::function<void()>& body) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <functional>
 #include <string>
 #include <vector>
@@ -60,10 +61,22 @@ class CudaPath {
   // Makes the caller's current stream on `device` wait for `done`.
   static void block_current_stream(const std::shared_ptr<Done>& done, c10::Device device);
 
+  // Rank-side execution (SMDDP_GPU_EXEC unset or "rank", the default): this rank runs its
+  // part of each collective on its own GPU from the daemon's plan (client/gpu/peer_executor.hpp).
+  bool rank_exec() const noexcept;
+  // Marks the inputs ready on the current stream of `device`, registers this rank's buffers
+  // (device pointers: the tensors' or staging buffers') and sets call.rank_exec/exec_token.
+  void prepare_rank_exec(c10::Device device, client::DeviceCall& call, void* local_in, void* local_out, double scale);
+  void forget_rank_exec(std::uint64_t token);
+  // Enqueues every plan received so far (in the daemon's order) on the completion stream;
+  // returns why `token`'s GPU work could not run, if it could not.
+  std::optional<std::string> run_rank_exec(std::uint64_t token);
+
   // Staging for memory that cannot be exported (PYTORCH_CUDA_ALLOC_CONF=expandable_segments):
   // a cudaMalloc'ed buffer the daemon can map, reused once the operation that last used it
   // is done on the GPU (the caller's stream waits for that before copying in).
   struct Staging;
+  static void* staging_ptr(const std::shared_ptr<Staging>& s);
   // A buffer of at least `bytes` on `device`; if `copy_from` is given, its bytes are copied in
   // on the current stream.
   std::shared_ptr<Staging> stage_in(c10::Device device, std::size_t bytes, const at::Tensor* copy_from);

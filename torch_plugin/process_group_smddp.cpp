@@ -173,29 +173,47 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
   const auto bytes_of = [](const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); };
   // In place (allreduce, a broadcast root): one buffer for both roles.
   const bool same = in && out && in->numel() > 0 && in->data_ptr() == out->data_ptr() && in->numel() == out->numel();
+  void* local_in = nullptr;  // the device pointers this rank's own GPU work uses
+  void* local_out = nullptr;
   if (in && in->numel() > 0) {
     if (cuda_path_->exportable(*in)) {
       call.input = cuda_path_->buffer(*in, w.op_name());
+      local_in = in->data_ptr();
     } else {
-      // Expandable segments: the daemon works on a staging copy.
+      // Expandable segments: the collective works on a staging copy.
       auto s = cuda_path_->stage_in(in->device(), bytes_of(*in), in);
       call.input = cuda_path_->staging_buffer(s, bytes_of(*in));
+      local_in = gpu::CudaPath::staging_ptr(s);
       w.add_staging(s, same ? *out : at::Tensor());
     }
   }
   if (out && out->numel() > 0) {
     if (same) {
       call.output = call.input;
+      local_out = local_in;
     } else if (cuda_path_->exportable(*out)) {
       call.output = cuda_path_->buffer(*out, w.op_name());
+      local_out = out->data_ptr();
     } else {
       auto s = cuda_path_->stage_in(out->device(), bytes_of(*out), nullptr);
       call.output = cuda_path_->staging_buffer(s, bytes_of(*out));
+      local_out = gpu::CudaPath::staging_ptr(s);
       w.add_staging(s, *out);
     }
   }
   // Recorded after every producer of the inputs (flatten copies included) on this stream.
-  // Empty tensors leave nothing for the daemon's GPUs to do (it runs them as host requests).
+  // Empty tensors leave no GPU work (the daemon runs them as host requests).
+  if ((call.input || call.output) && cuda_path_->rank_exec() && call.splits.empty()) {
+    cuda_path_->prepare_rank_exec(any.device(), call, local_in, local_out, co.scale);
+    try {
+      auto op = comm_->device_op(call, co);
+      w.add_exec_token(call.exec_token);
+      return op;
+    } catch (...) {
+      cuda_path_->forget_rank_exec(call.exec_token);
+      throw;
+    }
+  }
   if (call.input || call.output) {
     cuda_path_->mark_inputs(any.device(), call);
     if (!call.stream_value) {

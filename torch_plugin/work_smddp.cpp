@@ -95,6 +95,26 @@ void WorkSMDDP::finalize() {
       cuda_->release_event(idx);
     }
     input_events_.clear();
+    // Rank-side execution: the plans arrived with the completions; enqueue this rank's GPU
+    // work now (and that of any earlier plan), on the completion stream used below.
+    std::vector<std::uint64_t> tokens;
+    {
+      std::lock_guard lock(state_mutex_);
+      tokens.swap(exec_tokens_);
+    }
+    for (auto token : tokens) {
+      // Even after an error: a plan that arrived must run (its barriers), or the other ranks
+      // would wait for this one on their GPUs.
+      cuda_->forget_rank_exec(token);
+      try {
+        if (auto why = cuda_->run_rank_exec(token); why && !error) {
+          error = std::make_exception_ptr(SmddpException(ErrorKind::Internal, std::string("smddp ") + op_name_ +
+                                                                                  ": the GPU work failed: " + *why));
+        }
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
     if (!error) {
       try {
         std::vector<at::Tensor> used = keep_alive_;
@@ -203,6 +223,11 @@ void WorkSMDDP::set_cuda(std::shared_ptr<gpu::CudaPath> path, c10::Device device
 void WorkSMDDP::add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tensor copy_to) {
   std::lock_guard lock(state_mutex_);
   staging_.emplace_back(std::move(s), std::move(copy_to));
+}
+
+void WorkSMDDP::add_exec_token(std::uint64_t token) {
+  std::lock_guard lock(state_mutex_);
+  exec_tokens_.push_back(token);
 }
 
 void WorkSMDDP::add_input_event(int index) {

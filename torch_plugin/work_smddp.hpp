@@ -55,6 +55,8 @@ class WorkSMDDP : public c10d::Work {
   bool cuda() const noexcept { return cuda_ != nullptr; }
   // An input event to hand back to the pool once the daemon answered.
   void add_input_event(int index);
+  // Rank-side GPU execution: the op's token (its plan runs in finalize()).
+  void add_exec_token(std::uint64_t token);
   // A staging buffer (expandable segments) this work uses; if `copy_to` is defined, the
   // buffer is copied into it on completion, before the epilogue.
   void add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tensor copy_to);
@@ -84,6 +86,7 @@ class WorkSMDDP : public c10d::Work {
   std::shared_ptr<gpu::CudaPath> cuda_;
   c10::Device cuda_device_{c10::DeviceType::CPU};
   std::vector<int> input_events_;
+  std::vector<std::uint64_t> exec_tokens_;
   std::shared_ptr<gpu::CudaPath::Done> done_;  // set before completion; read by synchronize()
   std::vector<c10::intrusive_ptr<WorkSMDDP>> sync_children_;
   std::vector<std::pair<std::shared_ptr<gpu::CudaPath::Staging>, at::Tensor>> staging_;

@@ -1,0 +1,443 @@
+#include "client/gpu/peer_executor.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "daemon/cuda/device_kernels.hpp"
+#include "ipc/segment.hpp"
+
+namespace smddp::client::gpu {
+namespace {
+
+void check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear it so the next call is judged on its own
+    throw std::runtime_error(what + ": " + cudaGetErrorString(e));
+  }
+}
+
+// Stream memory operations through the runtime's driver entry points (no libcuda link).
+using StreamValue = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+struct StreamOps {
+  StreamValue wait = nullptr, write = nullptr;
+};
+const StreamOps& stream_ops() {
+  static const StreamOps ops = [] {
+    StreamOps o;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      o.wait = reinterpret_cast<StreamValue>(fn);
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      o.write = reinterpret_cast<StreamValue>(fn);
+    cudaGetLastError();
+    return o;
+  }();
+  return ops;
+}
+
+// Makes `dev` current for the scope and restores the caller's device (torch tracks its own).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int dev) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != dev) check(cudaSetDevice(dev), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != prev_) cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+// Null stays null, so a missing buffer is caught before any GPU work uses it.
+std::byte* at(void* p, std::uint64_t off) { return p ? static_cast<std::byte*>(p) + off : nullptr; }
+
+}  // namespace
+
+std::uint64_t PeerExecutor::oneshot_max_bytes(int group_size) {
+  if (const char* v = std::getenv("SMDDP_ONESHOT_MAX_BYTES"); v && *v) return std::strtoull(v, nullptr, 10);
+  // One-shot moves (n-1)/n more bytes per GPU than two-shot but saves a barrier and a copy;
+  // with two GPUs both move the same bytes (2xH200, rank_side_probe: one-shot 2 MiB 22 us,
+  // two-shot 39 us).
+  return group_size <= 2 ? (4ull << 20) : (256ull << 10);
+}
+
+PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cudaStream_t stream)
+    : client_(client), device_(device), stream_(stream) {
+  if (!stream_ops().wait || !stream_ops().write)
+    throw std::runtime_error("the CUDA driver lacks stream memory operations (cuStreamWaitValue64), which the "
+                             "rank-side GPU path needs; set SMDDP_GPU_EXEC=daemon");
+  my_slot_ = client->local_rank();
+  DeviceScope scope(device_);
+  check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_), "cudaDeviceGetAttribute");
+  // Outside any caching allocator, so it can be exported whatever PYTORCH_CUDA_ALLOC_CONF says.
+  check(cudaMalloc(&flag_block_, ipc::kFlagBlockBytes), "cudaMalloc of the smddp flag block");
+  check(cudaMemset(flag_block_, 0, ipc::kFlagBlockBytes), "cudaMemset of the smddp flag block");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cudaIpcMemHandle_t h{};
+  check(cudaIpcGetMemHandle(&h, flag_block_), "cudaIpcGetMemHandle of the smddp flag block");
+  std::array<std::uint8_t, 64> bytes{};
+  static_assert(sizeof h == 64);
+  std::memcpy(bytes.data(), &h, sizeof h);
+  client->publish_flag_block(bytes);
+  peer_flags_.assign(static_cast<std::size_t>(client->local_world_size()), nullptr);
+  barriers_passed_.assign(static_cast<std::size_t>(client->local_world_size()), 0);
+}
+
+PeerExecutor::~PeerExecutor() {
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device_);
+  if (stream_) cudaStreamSynchronize(stream_);  // nothing of ours may still be running
+  for (auto& [key, m] : maps_)
+    if (m.ptr) cudaIpcCloseMemHandle(m.ptr);
+  for (void* p : retired_) cudaIpcCloseMemHandle(p);
+  for (auto* f : peer_flags_)
+    if (f) cudaIpcCloseMemHandle(f);
+  for (auto ev : all_events_) cudaEventDestroy(ev);
+  if (scratch_) cudaFree(scratch_);
+  if (flag_block_) cudaFree(flag_block_);
+  cudaSetDevice(prev);
+}
+
+cudaEvent_t PeerExecutor::record_ready(cudaStream_t user_stream) {
+  cudaEvent_t ev = nullptr;
+  {
+    std::lock_guard lk(mu_);
+    if (!free_events_.empty()) {
+      ev = free_events_.back();
+      free_events_.pop_back();
+    }
+  }
+  if (!ev) {
+    DeviceScope scope(device_);
+    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    std::lock_guard lk(mu_);
+    all_events_.push_back(ev);
+  }
+  check(cudaEventRecord(ev, user_stream), "cudaEventRecord");
+  return ev;
+}
+
+void PeerExecutor::expect(std::uint64_t token, LocalOp op) {
+  std::lock_guard lk(mu_);
+  expected_[token] = op;
+}
+
+void PeerExecutor::forget(std::uint64_t token) {
+  std::lock_guard lk(mu_);
+  auto it = expected_.find(token);
+  if (it == expected_.end()) return;
+  if (it->second.ready) free_events_.push_back(it->second.ready);
+  expected_.erase(it);
+}
+
+void PeerExecutor::on_completion(std::uint64_t token, const ipc::CompletionDesc& c) {
+  std::lock_guard lk(mu_);
+  if (c.kind == ipc::CompletionKind::Handles) {
+    const auto h = c.plan_header();
+    for (int i = 0; i < h.handles && static_cast<std::size_t>(i) < ipc::kPlanHandlesPerCompletion; ++i) {
+      const auto ph = c.plan_handle(i);
+      auto& m = maps_[{ph.slot, ph.alloc_id}];
+      if (std::memcmp(m.handle.data(), ph.handle, m.handle.size()) == 0) continue;
+      // The owner's allocation behind this id changed: GPU work queued earlier may still
+      // read the old mapping, so it is closed only at the end.
+      if (m.ptr) retired_.push_back(m.ptr);
+      m.ptr = nullptr;
+      std::memcpy(m.handle.data(), ph.handle, m.handle.size());
+    }
+    return;
+  }
+  auto it = expected_.find(token);
+  if (it == expected_.end()) return;
+  LocalOp local = it->second;
+  expected_.erase(it);
+  if (c.status != ipc::Status::Ok || c.kind != ipc::CompletionKind::Plan) {
+    if (local.ready) free_events_.push_back(local.ready);
+    return;  // failed: nothing to run (the Work reports the daemon's error)
+  }
+  Plan p;
+  p.token = token;
+  p.local = local;
+  p.header = c.plan_header();
+  const int n = std::min<int>(p.header.members, ipc::kPlanMaxMembers);
+  for (int i = 0; i < n; ++i) p.members.push_back(c.plan_member(i));
+  ready_.push_back(std::move(p));
+}
+
+void PeerExecutor::drain() {
+  std::lock_guard lk(mu_);
+  if (ready_.empty()) return;
+  DeviceScope scope(device_);
+  while (!ready_.empty()) {
+    Plan p = std::move(ready_.front());
+    ready_.pop_front();
+    try {
+      run(p);
+    } catch (const std::exception& e) {
+      errors_[p.token] = e.what();
+    }
+    if (p.local.ready) free_events_.push_back(p.local.ready);
+  }
+}
+
+std::optional<std::string> PeerExecutor::take_error(std::uint64_t token) {
+  std::lock_guard lk(mu_);
+  auto it = errors_.find(token);
+  if (it == errors_.end()) return std::nullopt;
+  auto e = std::move(it->second);
+  errors_.erase(it);
+  return e;
+}
+
+PeerStats PeerExecutor::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+std::uint64_t* PeerExecutor::peer_flags(int slot) {
+  auto& f = peer_flags_.at(static_cast<std::size_t>(slot));
+  if (f) return f;
+  auto client = client_.lock();
+  if (!client) throw std::runtime_error("the smddp client is gone");
+  auto h = client->flag_block_of(slot);
+  if (!h) throw std::runtime_error("local rank " + std::to_string(slot) + " has not published its GPU flag block");
+  cudaIpcMemHandle_t ih{};
+  std::memcpy(&ih, h->data(), sizeof ih);
+  void* p = nullptr;
+  check(cudaIpcOpenMemHandle(&p, ih, cudaIpcMemLazyEnablePeerAccess),
+        "cannot map the GPU flag block of local rank " + std::to_string(slot));
+  f = static_cast<std::uint64_t*>(p);
+  return f;
+}
+
+void* PeerExecutor::map(int slot, std::uint64_t alloc_id) {
+  auto it = maps_.find({slot, alloc_id});
+  if (it == maps_.end())
+    throw std::runtime_error("the daemon never sent the IPC handle of local rank " + std::to_string(slot) +
+                             "'s allocation " + std::to_string(alloc_id));
+  if (!it->second.ptr) {
+    cudaIpcMemHandle_t ih{};
+    std::memcpy(&ih, it->second.handle.data(), sizeof ih);
+    check(cudaIpcOpenMemHandle(&it->second.ptr, ih, cudaIpcMemLazyEnablePeerAccess),
+          "cannot map a CUDA buffer of local rank " + std::to_string(slot));
+    ++stats_.mappings;
+  }
+  return it->second.ptr;
+}
+
+void* PeerExecutor::resolve(const Plan& p, int member, bool input) {
+  if (member == p.header.me) return input ? p.local.in : p.local.out;
+  const auto& m = p.members.at(static_cast<std::size_t>(member));
+  const ipc::PlanRef& r = input ? m.in : m.out;
+  if (r.alloc_id == 0) return nullptr;
+  return at(map(m.slot, r.alloc_id), r.offset);
+}
+
+void PeerExecutor::barrier(const Plan& p) {
+  const auto& ops = stream_ops();
+  const auto s = reinterpret_cast<CUstream>(stream_);
+  for (int i = 0; i < static_cast<int>(p.members.size()); ++i) {
+    if (i == p.header.me) continue;
+    const int peer = p.members[static_cast<std::size_t>(i)].slot;
+    const auto v = ++barriers_passed_.at(static_cast<std::size_t>(peer));
+    const auto addr = reinterpret_cast<CUdeviceptr>(peer_flags(peer) + ipc::kBarrierFlagBase + my_slot_);
+    if (ops.write(s, addr, v, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+      throw std::runtime_error("cuStreamWriteValue64 to local rank " + std::to_string(peer) + " failed");
+  }
+  for (int i = 0; i < static_cast<int>(p.members.size()); ++i) {
+    if (i == p.header.me) continue;
+    const int peer = p.members[static_cast<std::size_t>(i)].slot;
+    const auto addr = reinterpret_cast<CUdeviceptr>(static_cast<std::uint64_t*>(flag_block_) + ipc::kBarrierFlagBase +
+                                                    static_cast<std::size_t>(peer));
+    if (ops.wait(s, addr, barriers_passed_[static_cast<std::size_t>(peer)], CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+      throw std::runtime_error("cuStreamWaitValue64 failed");
+  }
+  ++stats_.barriers;
+}
+
+void PeerExecutor::reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l,
+                          int n) {
+  if (!dry_error_.empty() || count == 0) return;
+  if (!out || std::any_of(inputs.begin(), inputs.end(), [](const void* x) { return x == nullptr; })) {
+    dry_error_ = "a member of the " + std::string(ipc::to_string(l.op)) + " has no buffer where one is needed";
+    return;
+  }
+  daemon::cuda::ReduceArgs a;
+  for (std::size_t i = 0; i < inputs.size(); ++i) a.inputs[i] = inputs[i];
+  a.n = static_cast<int>(inputs.size());
+  a.out = out;
+  a.count = count;
+  a.dtype = l.dtype;
+  a.op = l.reduce_op;
+  a.scale = l.scale;
+  (void)n;
+  // A failure only stops this op's data movement: its barriers must still run.
+  if (const auto err = daemon::cuda::launch_reduce(a, stream_, sms_ * 4); err != cudaSuccess) {
+    cudaGetLastError();
+    dry_error_ = std::string("reduction kernel: ") + cudaGetErrorString(err);
+    return;
+  }
+  ++stats_.kernel_launches;
+  ++stats_.kernels_by_op[std::string(ipc::to_string(l.op))];
+}
+
+void PeerExecutor::copy(void* dst, const void* src, std::uint64_t bytes) {
+  if (!dry_error_.empty() || bytes == 0 || dst == src) return;
+  if (!dst || !src) {
+    dry_error_ = "a member of the collective has no buffer where one is needed";
+    return;
+  }
+  if (const auto err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_); err != cudaSuccess) {
+    cudaGetLastError();
+    dry_error_ = std::string("cudaMemcpyAsync: ") + cudaGetErrorString(err);
+    return;
+  }
+  ++stats_.copies;
+}
+
+void PeerExecutor::run(const Plan& p) {
+  using ipc::OpType;
+  const LocalOp& l = p.local;
+  const int n = static_cast<int>(p.members.size());
+  const int me = p.header.me;
+  const std::uint64_t e = ipc::dtype_size(l.dtype);
+  ++stats_.ops;
+  ++stats_.ops_by_op[std::string(ipc::to_string(l.op))];
+  check(cudaStreamWaitEvent(stream_, l.ready, 0), "cudaStreamWaitEvent");
+
+  // Every buffer first: a mapping that fails turns the op "dry" (barriers only), so the
+  // other ranks, which cannot know, still pass theirs.
+  std::vector<void*> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  dry_error_.clear();
+  try {
+    for (int i = 0; i < n; ++i) {
+      in[static_cast<std::size_t>(i)] = resolve(p, i, true);
+      out[static_cast<std::size_t>(i)] = resolve(p, i, false);
+    }
+  } catch (const std::exception& ex) {
+    dry_error_ = ex.what();
+  }
+  const auto inputs_at = [&](std::uint64_t byte_off) {
+    std::vector<const void*> v;
+    for (int i = 0; i < n; ++i) v.push_back(at(in[static_cast<std::size_t>(i)], byte_off));
+    return v;
+  };
+  void* my_in = l.in;
+  void* my_out = l.out;
+
+  switch (l.op) {
+    case OpType::AllReduce: {
+      const std::uint64_t bytes = l.count * e;
+      if (bytes <= oneshot_max_bytes(n)) {
+        // In place, a rank must not overwrite its input while the others still read it:
+        // reduce into scratch, and copy out after the closing barrier.
+        const bool in_place = my_in == my_out;
+        void* target = my_out;
+        if (in_place) {
+          if (scratch_bytes_ < bytes) {
+            // Earlier ops may still use the old buffer: wait for them (once per growth).
+            if (scratch_) {
+              check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+              check(cudaFree(scratch_), "cudaFree");
+            }
+            scratch_ = nullptr;
+            scratch_bytes_ = 0;
+            const std::uint64_t want = std::max<std::uint64_t>(bytes, 1 << 20);
+            if (cudaMalloc(&scratch_, want) != cudaSuccess) {
+              cudaGetLastError();
+              scratch_ = nullptr;
+              dry_error_ = "cudaMalloc of " + std::to_string(want) + " bytes for the smddp one-shot buffer failed";
+            } else {
+              scratch_bytes_ = want;
+            }
+          }
+          target = scratch_;
+        }
+        barrier(p);
+        reduce(inputs_at(0), target, l.count, l, n);
+        barrier(p);
+        if (in_place) copy(my_out, scratch_, bytes);
+      } else {
+        // Two-shot: chunk i (16-byte aligned) is reduced by rank i, then fetched by the others.
+        const std::uint64_t align = std::max<std::uint64_t>(1, 16 / e);
+        const std::uint64_t q = ((l.count + n - 1) / n + align - 1) / align * align;
+        const auto first = [&](int i) { return std::min<std::uint64_t>(l.count, q * static_cast<std::uint64_t>(i)); };
+        barrier(p);
+        reduce(inputs_at(first(me) * e), at(my_out, first(me) * e), first(me + 1) - first(me), l, n);
+        barrier(p);
+        for (int i = 0; i < n; ++i)
+          if (i != me) copy(at(my_out, first(i) * e), at(out[static_cast<std::size_t>(i)], first(i) * e),
+                            (first(i + 1) - first(i)) * e);
+        barrier(p);
+      }
+      break;
+    }
+    case OpType::ReduceScatter:
+      barrier(p);
+      reduce(inputs_at(static_cast<std::uint64_t>(me) * l.count * e), my_out, l.count, l, n);
+      barrier(p);
+      break;
+    case OpType::Reduce:
+      barrier(p);
+      if (me == l.root) reduce(inputs_at(0), my_out, l.count, l, n);
+      barrier(p);
+      break;
+    case OpType::AllGather:
+      barrier(p);
+      for (int i = 0; i < n; ++i)
+        copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e), in[static_cast<std::size_t>(i)], l.count * e);
+      barrier(p);
+      break;
+    case OpType::Broadcast:
+      barrier(p);
+      copy(my_out, in[static_cast<std::size_t>(l.root)], l.count * e);
+      barrier(p);
+      break;
+    case OpType::Gather:
+      barrier(p);
+      if (me == l.root)
+        for (int i = 0; i < n; ++i)
+          copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e), in[static_cast<std::size_t>(i)], l.count * e);
+      barrier(p);
+      break;
+    case OpType::Scatter:
+      barrier(p);
+      copy(my_out, at(in[static_cast<std::size_t>(l.root)], static_cast<std::uint64_t>(me) * l.count * e), l.count * e);
+      barrier(p);
+      break;
+    case OpType::AllToAll:
+      barrier(p);
+      for (int i = 0; i < n; ++i)
+        copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e),
+             at(in[static_cast<std::size_t>(i)], static_cast<std::uint64_t>(me) * l.count * e), l.count * e);
+      barrier(p);
+      break;
+    case OpType::Send:
+    case OpType::Recv:
+      // Members are {sender, receiver}; the receiver pulls.
+      barrier(p);
+      if (me == 1) copy(my_out, in[0], l.count * e);
+      barrier(p);
+      break;
+    default:
+      dry_error_ = "rank-side execution of " + std::string(ipc::to_string(l.op)) + " is not supported";
+      barrier(p);
+      barrier(p);
+  }
+  if (!dry_error_.empty()) throw std::runtime_error(dry_error_);
+}
+
+}  // namespace smddp::client::gpu

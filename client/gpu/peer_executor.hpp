@@ -1,0 +1,132 @@
+// PeerExecutor: the rank side of the GPU path's default mode (ipc::kFlagRankExec).
+//
+// Why it exists: without MPS a GPU time-slices between processes' contexts. When the daemon
+// ran the kernels, every collective put two contexts (the rank's and the daemon's) on each
+// GPU, and any stream of one that waited on the other paid a ~2 ms timeslice. Here each GPU
+// runs only its own rank's context: the daemon matches, validates and sends each member a
+// plan (the members' buffers); the rank runs its part on its own stream against the other
+// ranks' buffers, mapped into its context from their CUDA IPC handles (peer access over
+// NVLink). Ranks order their steps with barriers: stream memory operations that write a
+// counter into each peer's GPU flag block and wait for the peers' counters in their own.
+//
+// Algorithms (pull model, n ranks of one node, the caller at index `me`):
+//   AllReduce   one-shot (small): every rank reduces all n inputs; two-shot (large): rank i
+//               reduces chunk i of all inputs (kernel), then copies the other chunks from
+//               their owners' outputs (copy engines)
+//   ReduceScatter / Reduce   one reduction kernel over the n inputs' block
+//   AllGather, Broadcast, Gather, Scatter, AllToAll, Send/Recv   copy-engine copies only
+// Each op starts with a barrier (every input is ready) and ends with one (nobody still reads
+// a buffer its owner may now reuse); two-shot adds one between its phases.
+//
+// Threading: expect() from the calling thread, on_completion() from the client's exec
+// handler (client lock held: it only queues), drain() from any thread (it enqueues GPU work
+// in the order the daemon sent the plans, which every rank shares; that order keeps the
+// pairwise barrier counters of two ranks in step).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/client.hpp"
+#include "ipc/protocol.hpp"
+
+namespace smddp::client::gpu {
+
+// This rank's side of one operation, registered before it is submitted.
+struct LocalOp {
+  ipc::OpType op = ipc::OpType::AllReduce;
+  ipc::DType dtype = ipc::DType::Float32;
+  ipc::ReduceOp reduce_op = ipc::ReduceOp::Sum;
+  double scale = 1.0;
+  int root = 0;             // group rank of the root (p2p: the peer)
+  std::uint64_t count = 0;  // as in DeviceCall
+  void* in = nullptr;       // this rank's buffers (device pointers of its GPU), may be null
+  void* out = nullptr;
+  cudaEvent_t ready = nullptr;  // from record_ready(): the inputs are written
+};
+
+struct PeerStats {
+  std::uint64_t ops = 0;
+  std::uint64_t kernel_launches = 0;
+  std::uint64_t copies = 0;
+  std::uint64_t barriers = 0;
+  std::uint64_t mappings = 0;  // peer allocations opened
+  std::map<std::string, std::uint64_t> ops_by_op, kernels_by_op;
+};
+
+class PeerExecutor {
+ public:
+  // Allocates and publishes this rank's flag block on `device`. `stream` runs the work.
+  PeerExecutor(const std::shared_ptr<Client>& client, int device, cudaStream_t stream);
+  ~PeerExecutor();
+  PeerExecutor(const PeerExecutor&) = delete;
+  PeerExecutor& operator=(const PeerExecutor&) = delete;
+
+  // An event recorded on `user_stream` now (the inputs are ready there); pass it in LocalOp.
+  cudaEvent_t record_ready(cudaStream_t user_stream);
+  void expect(std::uint64_t token, LocalOp op);
+  void forget(std::uint64_t token);  // the op was never submitted
+  void on_completion(std::uint64_t token, const ipc::CompletionDesc& c);
+  // Enqueues every plan received so far on the stream, in order.
+  void drain();
+  // Why the op's GPU work could not run (it still took part in every barrier, so the other
+  // ranks go on); nullopt when it ran.
+  std::optional<std::string> take_error(std::uint64_t token);
+  PeerStats stats() const;
+  int device() const noexcept { return device_; }
+  cudaStream_t stream() const noexcept { return stream_; }
+
+  // AllReduce up to this many bytes runs one-shot (SMDDP_ONESHOT_MAX_BYTES overrides).
+  static std::uint64_t oneshot_max_bytes(int group_size);
+
+ private:
+  struct Plan {
+    std::uint64_t token = 0;
+    LocalOp local;
+    ipc::PlanHeader header;
+    std::vector<ipc::PlanMember> members;
+  };
+  struct Mapping {
+    std::array<std::uint8_t, ipc::kCudaIpcHandleBytes> handle{};
+    void* ptr = nullptr;  // opened lazily
+  };
+  void run(const Plan& p);
+  void* resolve(const Plan& p, int member, bool input);
+  void* map(int slot, std::uint64_t alloc_id);
+  std::uint64_t* peer_flags(int slot);
+  void barrier(const Plan& p);
+  void reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l, int n);
+  void copy(void* dst, const void* src, std::uint64_t bytes);
+
+  std::weak_ptr<Client> client_;  // the process group owns the client
+  int device_ = 0;
+  int my_slot_ = 0;
+  int sms_ = 132;
+  cudaStream_t stream_ = nullptr;
+  void* flag_block_ = nullptr;
+  void* scratch_ = nullptr;
+  std::uint64_t scratch_bytes_ = 0;
+  std::vector<std::uint64_t*> peer_flags_;      // by slot, opened lazily
+  std::vector<std::uint64_t> barriers_passed_;  // by peer slot
+  std::map<std::pair<int, std::uint64_t>, Mapping> maps_;  // (slot, alloc id)
+  std::vector<void*> retired_;  // mappings replaced while GPU work may still use them
+
+  mutable std::mutex mu_;  // everything below, and the members above after construction
+  std::map<std::uint64_t, LocalOp> expected_;
+  std::deque<Plan> ready_;
+  std::map<std::uint64_t, std::string> errors_;
+  std::vector<cudaEvent_t> free_events_;
+  std::vector<cudaEvent_t> all_events_;
+  std::string dry_error_;  // set while running an op whose buffers could not be mapped
+  PeerStats stats_;
+};
+
+}  // namespace smddp::client::gpu
