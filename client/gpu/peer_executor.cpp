@@ -74,6 +74,11 @@ std::uint64_t PeerExecutor::oneshot_max_bytes(int group_size) {
   return group_size <= 2 ? (4ull << 20) : (256ull << 10);
 }
 
+bool PeerExecutor::twoshot_push() {
+  const char* v = std::getenv("SMDDP_TWOSHOT");
+  return !(v && std::string(v) == "pull");
+}
+
 PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cudaStream_t stream)
     : client_(client), device_(device), stream_(stream) {
   if (!stream_ops().wait || !stream_ops().write)
@@ -82,6 +87,11 @@ PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cu
   my_slot_ = client->local_rank();
   DeviceScope scope(device_);
   check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_), "cudaDeviceGetAttribute");
+  int lo = 0, hi = 0;
+  check(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
+  check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, hi), "cudaStreamCreate");
+  check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreate");
   // Outside any caching allocator, so it can be exported whatever PYTORCH_CUDA_ALLOC_CONF says.
   check(cudaMalloc(&flag_block_, ipc::kFlagBlockBytes), "cudaMalloc of the smddp flag block");
   check(cudaMemset(flag_block_, 0, ipc::kFlagBlockBytes), "cudaMemset of the smddp flag block");
@@ -107,6 +117,10 @@ PeerExecutor::~PeerExecutor() {
   for (auto* f : peer_flags_)
     if (f) cudaIpcCloseMemHandle(f);
   for (auto ev : all_events_) cudaEventDestroy(ev);
+  if (side_) cudaStreamSynchronize(side_);
+  if (side_) cudaStreamDestroy(side_);
+  if (fork_) cudaEventDestroy(fork_);
+  if (join_) cudaEventDestroy(join_);
   if (scratch_) cudaFree(scratch_);
   if (flag_block_) cudaFree(flag_block_);
   cudaSetDevice(prev);
@@ -269,9 +283,10 @@ void PeerExecutor::barrier(const Plan& p) {
 }
 
 void PeerExecutor::reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l,
-                          int n) {
+                          int n, const std::vector<void*>& outs) {
   if (!dry_error_.empty() || count == 0) return;
-  if (!out || std::any_of(inputs.begin(), inputs.end(), [](const void* x) { return x == nullptr; })) {
+  if (!out || std::any_of(inputs.begin(), inputs.end(), [](const void* x) { return x == nullptr; }) ||
+      std::any_of(outs.begin(), outs.end(), [](const void* x) { return x == nullptr; })) {
     dry_error_ = "a member of the " + std::string(ipc::to_string(l.op)) + " has no buffer where one is needed";
     return;
   }
@@ -283,6 +298,8 @@ void PeerExecutor::reduce(const std::vector<const void*>& inputs, void* out, std
   a.dtype = l.dtype;
   a.op = l.reduce_op;
   a.scale = l.scale;
+  for (std::size_t i = 0; i < outs.size(); ++i) a.outs[i] = outs[i];
+  a.nout = static_cast<int>(outs.size());
   (void)n;
   // A failure only stops this op's data movement: its barriers must still run.
   if (const auto err = daemon::cuda::launch_reduce(a, stream_, sms_ * 4); err != cudaSuccess) {
@@ -306,6 +323,35 @@ void PeerExecutor::copy(void* dst, const void* src, std::uint64_t bytes) {
     return;
   }
   ++stats_.copies;
+}
+
+void PeerExecutor::copy_beside(void* dst, const void* src, std::uint64_t bytes) {
+  if (!dry_error_.empty() || bytes == 0 || dst == src) return;
+  if (!dst || !src) {
+    dry_error_ = "a member of the collective has no buffer where one is needed";
+    return;
+  }
+  cudaError_t err = cudaEventRecord(fork_, stream_);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(side_, fork_, 0);
+  if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, side_);
+  if (err == cudaSuccess) err = cudaEventRecord(join_, side_);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    dry_error_ = std::string("copy beside: ") + cudaGetErrorString(err);
+    return;
+  }
+  forked_ = true;
+  ++stats_.copies;
+}
+
+void PeerExecutor::join() {
+  if (!forked_) return;
+  forked_ = false;
+  // Must happen whatever went wrong since: the closing barrier waits for this copy.
+  if (const auto err = cudaStreamWaitEvent(stream_, join_, 0); err != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(std::string("cudaStreamWaitEvent: ") + cudaGetErrorString(err));
+  }
 }
 
 void PeerExecutor::run(const Plan& p) {
@@ -376,12 +422,22 @@ void PeerExecutor::run(const Plan& p) {
         const std::uint64_t q = ((l.count + n - 1) / n + align - 1) / align * align;
         const auto first = [&](int i) { return std::min<std::uint64_t>(l.count, q * static_cast<std::uint64_t>(i)); };
         barrier(p);
-        reduce(inputs_at(first(me) * e), at(my_out, first(me) * e), first(me + 1) - first(me), l, n);
-        barrier(p);
-        for (int i = 0; i < n; ++i)
-          if (i != me) copy(at(my_out, first(i) * e), at(out[static_cast<std::size_t>(i)], first(i) * e),
-                            (first(i + 1) - first(i)) * e);
-        barrier(p);
+        if (twoshot_push()) {
+          // The reduced chunk goes straight into every member's output (in place too: the
+          // others read only their own chunks of this rank's buffer meanwhile).
+          std::vector<void*> outs;
+          for (int i = 0; i < n; ++i) outs.push_back(at(out[static_cast<std::size_t>(i)], first(me) * e));
+          reduce(inputs_at(first(me) * e), at(my_out, first(me) * e), first(me + 1) - first(me), l, n, outs);
+          barrier(p);
+          barrier(p);  // as many barriers as the pull form: members must agree on the count
+        } else {
+          reduce(inputs_at(first(me) * e), at(my_out, first(me) * e), first(me + 1) - first(me), l, n);
+          barrier(p);
+          for (int i = 0; i < n; ++i)
+            if (i != me) copy(at(my_out, first(i) * e), at(out[static_cast<std::size_t>(i)], first(i) * e),
+                              (first(i + 1) - first(i)) * e);
+          barrier(p);
+        }
       }
       break;
     }
@@ -397,8 +453,11 @@ void PeerExecutor::run(const Plan& p) {
       break;
     case OpType::AllGather:
       barrier(p);
+      copy_beside(at(my_out, static_cast<std::uint64_t>(me) * l.count * e), my_in, l.count * e);
       for (int i = 0; i < n; ++i)
-        copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e), in[static_cast<std::size_t>(i)], l.count * e);
+        if (i != me)
+          copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e), in[static_cast<std::size_t>(i)], l.count * e);
+      join();
       barrier(p);
       break;
     case OpType::Broadcast:
@@ -420,9 +479,13 @@ void PeerExecutor::run(const Plan& p) {
       break;
     case OpType::AllToAll:
       barrier(p);
+      copy_beside(at(my_out, static_cast<std::uint64_t>(me) * l.count * e),
+                  at(my_in, static_cast<std::uint64_t>(me) * l.count * e), l.count * e);
       for (int i = 0; i < n; ++i)
-        copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e),
-             at(in[static_cast<std::size_t>(i)], static_cast<std::uint64_t>(me) * l.count * e), l.count * e);
+        if (i != me)
+          copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e),
+               at(in[static_cast<std::size_t>(i)], static_cast<std::uint64_t>(me) * l.count * e), l.count * e);
+      join();
       barrier(p);
       break;
     case OpType::Send:

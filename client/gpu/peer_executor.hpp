@@ -86,6 +86,10 @@ class PeerExecutor {
 
   // AllReduce up to this many bytes runs one-shot (SMDDP_ONESHOT_MAX_BYTES overrides).
   static std::uint64_t oneshot_max_bytes(int group_size);
+  // Two-shot AllReduce: each rank's kernel writes its reduced chunk into every member's
+  // output ("push", one phase) or the others copy it with copy engines ("pull", two
+  // phases). SMDDP_TWOSHOT=push|pull; push by default.
+  static bool twoshot_push();
 
  private:
   struct Plan {
@@ -103,14 +107,23 @@ class PeerExecutor {
   void* map(int slot, std::uint64_t alloc_id);
   std::uint64_t* peer_flags(int slot);
   void barrier(const Plan& p);
-  void reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l, int n);
+  // out = reduction of inputs; with `outs`, the result goes to each of them instead.
+  void reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l, int n,
+              const std::vector<void*>& outs = {});
   void copy(void* dst, const void* src, std::uint64_t bytes);
+  // A copy of this rank's own bytes on the side stream, beside the peer copies (another
+  // copy engine); join() makes the main stream wait for it.
+  void copy_beside(void* dst, const void* src, std::uint64_t bytes);
+  void join();
 
   std::weak_ptr<Client> client_;  // the process group owns the client
   int device_ = 0;
   int my_slot_ = 0;
   int sms_ = 132;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t side_ = nullptr;  // ours
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  bool forked_ = false;
   void* flag_block_ = nullptr;
   void* scratch_ = nullptr;
   std::uint64_t scratch_bytes_ = 0;
