@@ -108,6 +108,17 @@ class FakeDaemon {
     std::unique_lock lk(mu_);
     return cv_.wait_for(lk, timeout, [&] { return seen_.size() >= n; });
   }
+  // Pushes a completion the test built by hand (e.g. the Handles and Plan completions of a
+  // rank-side GPU request) to local rank `r`, as the daemon would.
+  void push_completion(int r, const ipc::CompletionDesc& c) {
+    std::lock_guard lk(mu_);  // the answering thread pushes under mu_ too: one producer at a time
+    push_locked(r, c);
+  }
+  // Forgets held requests without answering them (the test answered them by hand).
+  void drop_held() {
+    std::lock_guard lk(mu_);
+    held_.clear();
+  }
   // Descriptor problems seen (regions outside the arena, misaligned); empty when all were sound.
   std::vector<std::string> problems() const {
     std::lock_guard lk(mu_);
@@ -172,6 +183,11 @@ class FakeDaemon {
     c.seq = d.seq;
     c.status = ok ? client::Status::Ok : a.status;
     if (!ok) c.set_error(a.text);
+    push_locked(r, c);
+  }
+
+  // Caller holds mu_.
+  void push_locked(int r, const ipc::CompletionDesc& c) {
     auto& slot = seg_.slot(r);
     // The client keeps at most the ring's capacity in flight, so this never spins for long.
     while (!slot.completions.try_push(c)) std::this_thread::yield();

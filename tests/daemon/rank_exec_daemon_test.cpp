@@ -1,0 +1,488 @@
+// Rank-side GPU execution (kFlagRankExec) through a real Daemon: the daemon runs in a thread of
+// the test (serve_attached: the ranks attach by themselves) and the ranks are Clients in the
+// same process, one per local rank. The daemon never touches CUDA for these requests, so the
+// buffer references carry fake IPC handle bytes and the test runs on any machine.
+//
+// What is checked: every member gets the handles of the others' allocations it was not sent
+// yet (once per receiver, owner and allocation, again only when the bytes change), then a plan
+// whose members are the group's slots and whose `me` is the receiver; members that disagree on
+// the flag, or a group larger than the plan holds, get a Mismatch.
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.hpp"
+#include "daemon/config.hpp"
+#include "daemon/daemon.hpp"
+#include "ipc/protocol.hpp"
+
+namespace smddp::daemon {
+namespace {
+
+using namespace std::chrono_literals;
+using client::Client;
+using client::DeviceBuffer;
+using client::DeviceCall;
+using client::WorkPtr;
+using ipc::CompletionKind;
+using ipc::DType;
+using ipc::OpType;
+using ipc::ReduceOp;
+using ipc::Status;
+
+std::string unique_job(const char* tag) {
+  static std::atomic<int> n{0};
+  return std::string("t-rankexec-") + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+// A Daemon serving `nproc` attached local ranks on a thread. Destroy the ranks' clients first:
+// the daemon's loop ends once every rank that attached has left.
+class DaemonThread {
+ public:
+  DaemonThread(const std::string& job, int nproc) : daemon_(layout(job, nproc), config()) {
+    thread_ = std::thread([this] { rc_ = daemon_.serve_attached(std::chrono::seconds(30)); });
+  }
+  DaemonThread(const DaemonThread&) = delete;
+  DaemonThread& operator=(const DaemonThread&) = delete;
+  ~DaemonThread() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  static JobLayout layout(const std::string& job, int nproc) {
+    JobLayout l;
+    l.job_id = job;
+    l.nproc_per_node = nproc;
+    l.hostname = "localhost";
+    return l;
+  }
+  static DaemonConfig config() {
+    DaemonConfig c;
+    c.arena_bytes = 1ull << 20;  // host staging is barely used here
+    c.chunk_bytes = 64ull << 10;
+    c.worker_threads = 1;
+    c.collective_timeout = std::chrono::seconds(60);  // a broken daemon fails the test, not hangs it
+    c.exit_grace = std::chrono::seconds(1);
+    return c;
+  }
+
+  Daemon daemon_;
+  std::thread thread_;
+  int rc_ = -1;
+};
+
+// What one rank's exec handler received.
+class Recorder {
+ public:
+  Client::ExecHandler handler() {
+    return [this](std::uint64_t token, const ipc::CompletionDesc& c) {
+      std::lock_guard lk(mu_);
+      calls_.push_back({token, c});
+    };
+  }
+  struct Call {
+    std::uint64_t token;
+    ipc::CompletionDesc c;
+  };
+  // The calls since the last take().
+  std::vector<Call> take() {
+    std::lock_guard lk(mu_);
+    std::vector<Call> out;
+    out.swap(calls_);
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Call> calls_;
+};
+
+// One in-process rank: its client and its handler's record. The recorder outlives the client.
+// Leaving detaches: a pending op keeps a client alive, and the daemon thread ends only once
+// every rank has left.
+struct Rank {
+  Recorder rec;
+  std::shared_ptr<Client> client;
+  Rank() = default;
+  Rank(const Rank&) = delete;
+  Rank& operator=(const Rank&) = delete;
+  ~Rank() {
+    if (client) client->detach();
+  }
+};
+
+std::vector<std::unique_ptr<Rank>> attach_ranks(const std::string& job, int n) {
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < n; ++r) {
+    client::AttachOptions o;
+    o.job_id = job;
+    o.node_id = 0;
+    o.rank = o.local_rank = r;
+    o.world_size = o.local_world_size = n;
+    o.attach_timeout = 10s;
+    auto rank = std::make_unique<Rank>();
+    rank->client = Client::attach(o);
+    rank->client->set_exec_handler(rank->rec.handler());
+    ranks.push_back(std::move(rank));
+  }
+  return ranks;
+}
+
+DeviceBuffer fake_buffer(std::uint8_t fill, std::uint64_t alloc_id, std::uint64_t bytes, std::uint64_t offset = 0) {
+  DeviceBuffer b;
+  b.ipc_handle.fill(fill);
+  b.alloc_id = alloc_id;
+  b.alloc_bytes = 1 << 20;
+  b.offset = offset;
+  b.bytes = bytes;
+  return b;
+}
+
+constexpr std::uint64_t kCount = 256;
+
+// Rank r's in-place allreduce on allocation `alloc_id` whose handle bytes are all `fill`.
+DeviceCall allreduce(std::uint64_t token, std::uint8_t fill, std::uint64_t alloc_id) {
+  DeviceCall c;
+  c.op = OpType::AllReduce;
+  c.dtype = DType::Float32;
+  c.reduce_op = ReduceOp::Sum;
+  c.count = kCount;
+  c.input = fake_buffer(fill, alloc_id, kCount * 4, 512);
+  c.output = c.input;
+  c.rank_exec = true;
+  c.exec_token = token;
+  return c;
+}
+
+bool handle_is(const ipc::PlanHandle& h, std::uint8_t fill) {
+  for (std::size_t i = 0; i < ipc::kCudaIpcHandleBytes; ++i)
+    if (h.handle[i] != fill) return false;
+  return true;
+}
+
+// Waits for every Work; failures are reported, not thrown.
+void wait_all(const std::vector<WorkPtr>& works) {
+  for (std::size_t i = 0; i < works.size(); ++i) {
+    try {
+      works[i]->wait(20s);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << i << ": " << e.what();
+    }
+  }
+}
+
+// Checks a Plan completion of a two-member allreduce: members by group rank (slot 0, slot 1),
+// their buffers, and `me`.
+void expect_plan(const Recorder::Call& call, std::uint64_t token, int me,
+                 const std::vector<std::pair<std::uint64_t, std::uint64_t>>& in_out_allocs) {
+  EXPECT_EQ(call.token, token);
+  ASSERT_EQ(call.c.kind, CompletionKind::Plan);
+  EXPECT_EQ(call.c.status, Status::Ok);
+  const auto h = call.c.plan_header();
+  ASSERT_EQ(h.members, in_out_allocs.size());
+  EXPECT_EQ(h.me, me);
+  EXPECT_EQ(h.handles, 0);
+  for (int i = 0; i < h.members; ++i) {
+    const auto m = call.c.plan_member(i);
+    EXPECT_EQ(m.slot, i) << "member " << i;
+    EXPECT_EQ(m.in.alloc_id, in_out_allocs[static_cast<std::size_t>(i)].first) << "member " << i;
+    EXPECT_EQ(m.in.offset, 512u) << "member " << i;
+    EXPECT_EQ(m.in.bytes, kCount * 4) << "member " << i;
+    EXPECT_EQ(m.out.alloc_id, in_out_allocs[static_cast<std::size_t>(i)].second) << "member " << i;
+    EXPECT_EQ(m.out.bytes, kCount * 4) << "member " << i;
+  }
+}
+
+}  // namespace
+
+TEST(DaemonRankExec, HandlesAreSentOncePerAllocationThenOnlyPlans) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("handles");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  const std::uint8_t fill[2] = {0xA0, 0xB1};
+  const std::uint64_t alloc[2] = {100, 101};
+
+  // 1st: each rank gets one Handles completion with the other's handle, then its plan.
+  {
+    std::vector<WorkPtr> w;
+    for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(allreduce(10 + r, fill[r], alloc[r])));
+    wait_all(w);
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      EXPECT_EQ(w[r]->status(), Status::Ok);
+      const auto calls = ranks[r]->rec.take();
+      ASSERT_EQ(calls.size(), 2u);
+      EXPECT_EQ(calls[0].token, 10u + r);
+      ASSERT_EQ(calls[0].c.kind, CompletionKind::Handles);
+      EXPECT_EQ(calls[0].c.status, Status::Ok);
+      ASSERT_EQ(calls[0].c.plan_header().handles, 1) << "in and out share one allocation: one handle";
+      const auto h = calls[0].c.plan_handle(0);
+      const int peer = 1 - r;
+      EXPECT_EQ(h.slot, peer);
+      EXPECT_EQ(h.alloc_id, alloc[peer]);
+      EXPECT_TRUE(handle_is(h, fill[peer])) << "the peer's handle bytes";
+      expect_plan(calls[1], 10u + r, r, {{100, 100}, {101, 101}});
+    }
+  }
+
+  // 2nd, identical: the handles were sent, so only the plans come.
+  {
+    std::vector<WorkPtr> w;
+    for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(allreduce(20 + r, fill[r], alloc[r])));
+    wait_all(w);
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const auto calls = ranks[r]->rec.take();
+      ASSERT_EQ(calls.size(), 1u) << "a handle was sent twice";
+      expect_plan(calls[0], 20u + r, r, {{100, 100}, {101, 101}});
+    }
+  }
+
+  // 3rd: rank 0's allocation has new handle bytes (same id): rank 1 is sent them again.
+  {
+    std::vector<WorkPtr> w;
+    w.push_back(ranks[0]->client->world()->device_op(allreduce(30, 0xC2, alloc[0])));
+    w.push_back(ranks[1]->client->world()->device_op(allreduce(31, fill[1], alloc[1])));
+    wait_all(w);
+    auto calls0 = ranks[0]->rec.take();
+    ASSERT_EQ(calls0.size(), 1u) << "rank 1's handle did not change";
+    expect_plan(calls0[0], 30, 0, {{100, 100}, {101, 101}});
+    auto calls1 = ranks[1]->rec.take();
+    ASSERT_EQ(calls1.size(), 2u);
+    ASSERT_EQ(calls1[0].c.kind, CompletionKind::Handles);
+    ASSERT_EQ(calls1[0].c.plan_header().handles, 1);
+    EXPECT_EQ(calls1[0].c.plan_handle(0).slot, 0);
+    EXPECT_EQ(calls1[0].c.plan_handle(0).alloc_id, 100u);
+    EXPECT_TRUE(handle_is(calls1[0].c.plan_handle(0), 0xC2));
+    expect_plan(calls1[1], 31, 1, {{100, 100}, {101, 101}});
+  }
+
+  // 4th: rank 1 writes into a new allocation: rank 0 is sent only that one's handle.
+  {
+    auto call1 = allreduce(41, fill[1], alloc[1]);
+    call1.output = fake_buffer(0xD3, 201, kCount * 4, 512);
+    std::vector<WorkPtr> w;
+    w.push_back(ranks[0]->client->world()->device_op(allreduce(40, 0xC2, alloc[0])));
+    w.push_back(ranks[1]->client->world()->device_op(call1));
+    wait_all(w);
+    auto calls0 = ranks[0]->rec.take();
+    ASSERT_EQ(calls0.size(), 2u);
+    ASSERT_EQ(calls0[0].c.kind, CompletionKind::Handles);
+    ASSERT_EQ(calls0[0].c.plan_header().handles, 1);
+    EXPECT_EQ(calls0[0].c.plan_handle(0).slot, 1);
+    EXPECT_EQ(calls0[0].c.plan_handle(0).alloc_id, 201u);
+    EXPECT_TRUE(handle_is(calls0[0].c.plan_handle(0), 0xD3));
+    expect_plan(calls0[1], 40, 0, {{100, 100}, {101, 201}});
+    auto calls1 = ranks[1]->rec.take();
+    ASSERT_EQ(calls1.size(), 1u);
+    expect_plan(calls1[0], 41, 1, {{100, 100}, {101, 201}});
+  }
+}
+
+TEST(DaemonRankExec, SendRecvPlansListSenderThenReceiver) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("p2p");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  DeviceCall send;
+  send.op = OpType::Send;
+  send.count = 64;
+  send.root = 1;
+  send.tag = 3;
+  send.input = fake_buffer(0x51, 300, 64 * 4);
+  send.rank_exec = true;
+  send.exec_token = 1;
+  DeviceCall recv = send;
+  recv.op = OpType::Recv;
+  recv.root = 0;
+  recv.input.reset();
+  recv.output = fake_buffer(0x62, 311, 64 * 4, 1024);
+  recv.exec_token = 2;
+  // The receiver posts first: the order of posting must not matter.
+  std::vector<WorkPtr> w(2);
+  w[1] = ranks[1]->client->world()->device_op(recv);
+  w[0] = ranks[0]->client->world()->device_op(send);
+  wait_all(w);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const auto calls = ranks[r]->rec.take();
+    ASSERT_EQ(calls.size(), 2u);
+    ASSERT_EQ(calls[0].c.kind, CompletionKind::Handles);
+    ASSERT_EQ(calls[0].c.plan_header().handles, 1);
+    EXPECT_EQ(calls[0].c.plan_handle(0).slot, 1 - r);
+    EXPECT_EQ(calls[0].c.plan_handle(0).alloc_id, r == 0 ? 311u : 300u);
+    EXPECT_TRUE(handle_is(calls[0].c.plan_handle(0), r == 0 ? 0x62 : 0x51));
+    const auto& plan = calls[1].c;
+    EXPECT_EQ(calls[1].token, static_cast<std::uint64_t>(r + 1));
+    ASSERT_EQ(plan.kind, CompletionKind::Plan);
+    ASSERT_EQ(plan.plan_header().members, 2);
+    EXPECT_EQ(plan.plan_header().me, r) << "members are (send, recv)";
+    const auto s = plan.plan_member(0), d = plan.plan_member(1);
+    EXPECT_EQ(s.slot, 0);
+    EXPECT_EQ(s.in.alloc_id, 300u);
+    EXPECT_EQ(s.out.alloc_id, 0u) << "a send writes nothing";
+    EXPECT_EQ(d.slot, 1);
+    EXPECT_EQ(d.in.alloc_id, 0u);
+    EXPECT_EQ(d.out.alloc_id, 311u);
+    EXPECT_EQ(d.out.offset, 1024u);
+  }
+}
+
+TEST(DaemonRankExec, RanksThatDisagreeOnTheFlagGetAMismatch) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("disagree");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  // Rank 0 asks for rank-side execution; rank 1 posts the same allreduce without the flag. (On
+  // host buffers: a CUDA request without the flag needs the daemon's own GPU path, which a
+  // CPU-only machine has not, and is refused before it is matched.)
+  auto w0 = ranks[0]->client->world()->device_op(allreduce(7, 0xA0, 100));
+  std::vector<float> host(kCount, 1.0f);
+  auto w1 = ranks[1]->client->world()->allreduce(host.data(), host.data(), kCount, DType::Float32, ReduceOp::Sum);
+  for (auto* w : {&w0, &w1}) {
+    try {
+      (*w)->wait(20s);
+      ADD_FAILURE() << "a disagreeing rank's op succeeded";
+    } catch (const client::Error& e) {
+      EXPECT_EQ(e.status(), Status::Mismatch) << e.what();
+      EXPECT_NE(std::string(e.what()).find("disagree"), std::string::npos) << e.what();
+    }
+  }
+  const auto calls = ranks[0]->rec.take();
+  ASSERT_EQ(calls.size(), 1u) << "no handles or plan for a failed match";
+  EXPECT_EQ(calls[0].token, 7u);
+  EXPECT_EQ(calls[0].c.kind, CompletionKind::Final);
+  EXPECT_EQ(calls[0].c.status, Status::Mismatch);
+  EXPECT_NE(std::string(calls[0].c.error_text()).find("disagree"), std::string::npos);
+  EXPECT_TRUE(ranks[1]->rec.take().empty()) << "a host op reached the exec handler";
+
+  // The communicator still works, and the failed op sent no handle: the next one sends them.
+  std::vector<WorkPtr> w;
+  for (int r = 0; r < 2; ++r)
+    w.push_back(ranks[r]->client->world()->device_op(allreduce(8, static_cast<std::uint8_t>(0xA0 + r), 100 + r)));
+  wait_all(w);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const auto after = ranks[r]->rec.take();
+    ASSERT_EQ(after.size(), 2u);
+    EXPECT_EQ(after[0].c.kind, CompletionKind::Handles);
+    expect_plan(after[1], 8, r, {{100, 100}, {101, 101}});
+  }
+}
+
+TEST(DaemonRankExec, GroupsLargerThanAPlanAreRefused) {
+  spdlog::set_level(spdlog::level::warn);
+  const int n = ipc::kPlanMaxMembers + 1;
+  const auto job = unique_job("big");
+  DaemonThread daemon(job, n);
+  auto ranks = attach_ranks(job, n);
+  std::vector<WorkPtr> w;
+  for (int r = 0; r < n; ++r)
+    w.push_back(ranks[r]->client->world()->device_op(allreduce(r, static_cast<std::uint8_t>(r), 100 + r)));
+  for (int r = 0; r < n; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    try {
+      w[r]->wait(20s);
+      ADD_FAILURE() << "a group of " << n << " got plans";
+    } catch (const client::Error& e) {
+      EXPECT_EQ(e.status(), Status::Mismatch) << e.what();
+      EXPECT_NE(std::string(e.what()).find("groups of up to " + std::to_string(ipc::kPlanMaxMembers)),
+                std::string::npos)
+          << e.what();
+    }
+    const auto calls = ranks[r]->rec.take();
+    ASSERT_EQ(calls.size(), 1u) << "handles were sent for a refused group";
+    EXPECT_EQ(calls[0].c.kind, CompletionKind::Final);
+  }
+}
+
+}  // namespace smddp::daemon
+
+namespace smddp::daemon {
+namespace {
+
+// Opens once; waiters block until then.
+class Gate {
+ public:
+  void wait() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return open_; });
+  }
+  void open() {
+    std::lock_guard lk(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+}  // namespace
+
+// Handles completions come on top of the one completion per request that the client's limit
+// on requests in flight (kCompletionRingCapacity) was sized for. A rank whose progress thread
+// is held up for a moment (here: its exec handler, deterministically) with fewer requests in
+// flight than its ring holds must not fail the job: the daemon's plain completions (complete())
+// assume the ring always has room and fail the whole job when it has none.
+// DISABLED: fails as of b416069 (the job fails with "rank 0 has more requests in flight than its
+// completion ring holds" while it has 130). Enable once the daemon leaves room for, or waits
+// on, the extra completions.
+TEST(DaemonRankExec, DISABLED_HandlesCompletionsDoNotOverflowTheCompletionRing) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("ring");
+  DaemonThread daemon(job, 2);
+  Gate gate;
+  std::atomic<int> seen0{0};
+  auto ranks = attach_ranks(job, 2);
+  struct OpenOnExit {  // a test that stops early must not leave rank 0's thread at the gate
+    Gate& gate;
+    ~OpenOnExit() { gate.open(); }
+  } open_on_exit{gate};
+  // Rank 0's progress thread stops at the first completion until the gate opens.
+  ranks[0]->client->set_exec_handler([&](std::uint64_t, const ipc::CompletionDesc&) {
+    if (seen0.fetch_add(1) == 0) gate.wait();
+  });
+  // 128 ops on fresh allocations (Handles + Plan each), one more on an allocation already sent
+  // (Plan only): 257 completions for rank 0, of which its thread took one, so its ring of 256
+  // is full with 130 requests in flight. Then a host allreduce, answered by complete().
+  constexpr int kFresh = static_cast<int>(ipc::kCompletionRingCapacity / 2);
+  std::vector<WorkPtr> w0, w1;
+  std::vector<float> host0(kCount, 1.0f), host1(kCount, 2.0f);
+  const auto post = [&](int r, std::vector<WorkPtr>& w, std::vector<float>& host) {
+    for (int i = 0; i <= kFresh; ++i) {
+      const std::uint64_t alloc = 1000u * static_cast<std::uint64_t>(r + 1) + static_cast<std::uint64_t>(i % kFresh);
+      w.push_back(ranks[r]->client->world()->device_op(allreduce(static_cast<std::uint64_t>(i), 0x40, alloc)));
+    }
+    w.push_back(ranks[r]->client->world()->allreduce(host.data(), host.data(), kCount, DType::Float32, ReduceOp::Sum));
+  };
+  post(0, w0, host0);
+  post(1, w1, host1);
+  // Rank 1 drains as usual; once its host allreduce is answered the daemon has answered rank
+  // 0's too. (The bound only keeps a daemon that waits for rank 0's ring from deadlocking.)
+  try {
+    w1.back()->wait(3s);
+  } catch (const client::Error&) {
+  }
+  gate.open();
+  wait_all(w0);
+  wait_all(w1);
+  EXPECT_EQ(ranks[0]->client->job_error(), "");
+  for (const auto& w : w0) EXPECT_EQ(w->status(), Status::Ok) << w->error();
+  EXPECT_EQ(host0, std::vector<float>(kCount, 3.0f));
+}
+
+}  // namespace smddp::daemon
