@@ -225,7 +225,10 @@ def overlap(dist, torch, dev, sdp, nccl, n, say):
                 dist.all_gather_into_tensor(out, inp, group=group)
         torch.cuda.synchronize()
         ag_ms = (time.perf_counter() - t0) * 100
-        reps = max(1, int(alone_ms / ag_ms))
+        # Every rank must issue the same number of AllGathers: agree on the smallest count.
+        agreed = torch.tensor([max(1, int(alone_ms / ag_ms))], device=dev, dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=nccl)
+        reps = int(agreed.item())
         dist.barrier(group=nccl)
         torch.cuda.synchronize()
         with torch.cuda.stream(side):
