@@ -88,7 +88,7 @@ class PeerExecutor {
   static std::uint64_t oneshot_max_bytes(int group_size);
   // Two-shot AllReduce: each rank's kernel writes its reduced chunk into every member's
   // output ("push", one phase) or the others copy it with copy engines ("pull", two
-  // phases). SMDDP_TWOSHOT=push|pull; push by default.
+  // phases). SMDDP_TWOSHOT=push|pull; pull by default (measured faster).
   static bool twoshot_push();
 
  private:
