@@ -231,8 +231,9 @@ TEST(ClientRankExec, TokensFollowTheirRequestsWhateverTheOrder) {
 
 TEST(ClientRankExec, AFailedOpReachesTheHandlerWithItsStatus) {
   const auto job = unique_job("rankexec-fail");
-  FakeDaemon daemon(small_spec(job));
+  // Declared before the daemon: its thread reads `text` through the policy until it stops.
   const std::string text = "smddp allreduce: ranks disagree on where GPU work runs";
+  FakeDaemon daemon(small_spec(job));
   daemon.set_policy([&](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Fail, Status::Mismatch, text}; });
   daemon.start();
   Recorder rec;
