@@ -4,16 +4,23 @@
 # they skip on a CPU machine), then the benchmarks when asked, and writes every log plus a
 # JSON summary under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [--no-bench] [--only LABELS]
+#   scripts/device-check.sh [--quick] [--no-bench] [--only LABELS]
+#
+# --quick fits one 10-minute device call (about 7 minutes on 2xH200): it builds only what the
+# GPU path needs, runs the GPU suites through smddprun only, then the benchmark sweep (16 B to
+# 1 GiB beside NCCL) and the overlap benchmark, each step under its own time limit so that one
+# hang cannot eat the call.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 OUT="${OUT:-$here/device-out}"
 mkdir -p "$OUT"
 bench=1
+quick=0
 labels='unit|integration|python|gpu'
 while [ $# -gt 0 ]; do
   case "$1" in
+    --quick) quick=1 ;;
     --no-bench) bench=0 ;;
     --only) labels="$2"; shift ;;
     *) echo "unknown option $1"; exit 2 ;;
@@ -31,6 +38,8 @@ step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
   "$@" >"$OUT/$name.log" 2>&1
   step_rc[$name]=$?
   echo "$name: rc=${step_rc[$name]} ($((SECONDS - t0)) s)"
+  # A step cut by its time limit may leave its job behind (by exact process name only).
+  pkill -9 -x smddp-daemon 2>/dev/null || true
 }
 
 {
@@ -41,8 +50,25 @@ step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
 } >"$OUT/env.log" 2>&1
 
 step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
-step build cmake --build "$build" -j"$jobs"
-if [ "${step_rc[build]}" -eq 0 ]; then
+if [ "$quick" -eq 1 ]; then
+  step build cmake --build "$build" -j"$jobs" --target smddp-daemon smddp-ctl smddp_torch_plugin smddprun
+  if [ "${step_rc[build]}" -eq 0 ]; then
+    py="$(command -v python3)"
+    gpu_env=(env SMDDP_BUILD_DIR="$build" SMDDP_TEST_PYTHON="$py" PYTHONPATH="$build/python")
+    pytest_args=(-x -q -rs -p no:cacheprovider)
+    step gpu_collectives "${gpu_env[@]}" timeout 150 "$py" -m pytest "${pytest_args[@]}" \
+      tests/gpu/test_gpu_collectives.py -k "smddprun or expandable"
+    step gpu_training "${gpu_env[@]}" timeout 150 "$py" -m pytest "${pytest_args[@]}" \
+      tests/gpu/test_gpu_training.py -k smddprun
+    if [ "$bench" -eq 1 ]; then
+      mkdir -p "$OUT/bench"
+      step bench_sweep timeout 200 "$py" scripts/bench_torch.py --build "$build" --min 16 --max 1G \
+        --json "$OUT/bench/sweep.json"
+      step bench_overlap timeout 60 "$py" scripts/bench_torch.py --build "$build" --ops allgather --min 64M \
+        --max 1G --overlap --json "$OUT/bench/overlap.json"
+    fi
+  fi
+elif step build cmake --build "$build" -j"$jobs"; [ "${step_rc[build]}" -eq 0 ]; then
   step tests ctest --test-dir "$build" -L "$labels" -j1 --output-on-failure --timeout 900
   if [ "$bench" -eq 1 ] && [ -x scripts/bench_gpu.sh ]; then
     step bench scripts/bench_gpu.sh --build "$build" --results "$OUT/bench"
