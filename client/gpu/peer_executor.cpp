@@ -8,6 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "client/gpu/schedule.hpp"
 #include "daemon/cuda/device_kernels.hpp"
 #include "ipc/segment.hpp"
 
@@ -357,150 +358,77 @@ void PeerExecutor::join() {
 }
 
 void PeerExecutor::run(const Plan& p) {
-  using ipc::OpType;
   const LocalOp& l = p.local;
   const int n = static_cast<int>(p.members.size());
-  const int me = p.header.me;
-  const std::uint64_t e = ipc::dtype_size(l.dtype);
   ++stats_.ops;
   ++stats_.ops_by_op[std::string(ipc::to_string(l.op))];
   check(cudaStreamWaitEvent(stream_, l.ready, 0), "cudaStreamWaitEvent");
 
   // Every buffer first: a mapping that fails turns the op "dry" (barriers only), so the
   // other ranks, which cannot know, still pass theirs.
-  std::vector<void*> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  ScheduleArgs a;
+  a.op = l.op;
+  a.dtype = l.dtype;
+  a.count = l.count;
+  a.root = l.root;
+  a.me = p.header.me;
+  a.in.assign(static_cast<std::size_t>(n), nullptr);
+  a.out.assign(static_cast<std::size_t>(n), nullptr);
+  a.oneshot_max = oneshot_max_bytes(n);
+  a.push = twoshot_push();
   dry_error_.clear();
   try {
     for (int i = 0; i < n; ++i) {
-      in[static_cast<std::size_t>(i)] = resolve(p, i, true);
-      out[static_cast<std::size_t>(i)] = resolve(p, i, false);
+      a.in[static_cast<std::size_t>(i)] = static_cast<std::byte*>(resolve(p, i, true));
+      a.out[static_cast<std::size_t>(i)] = static_cast<std::byte*>(resolve(p, i, false));
     }
   } catch (const std::exception& ex) {
     dry_error_ = ex.what();
   }
-  const auto inputs_at = [&](std::uint64_t byte_off) {
-    std::vector<const void*> v;
-    for (int i = 0; i < n; ++i) v.push_back(at(in[static_cast<std::size_t>(i)], byte_off));
-    return v;
-  };
-  void* my_in = l.in;
-  void* my_out = l.out;
-
-  switch (l.op) {
-    case OpType::AllReduce: {
-      const std::uint64_t bytes = l.count * e;
-      if (bytes <= oneshot_max_bytes(n)) {
-        // In place, a rank must not overwrite its input while the others still read it:
-        // reduce into scratch, and copy out after the closing barrier.
-        const bool in_place = my_in == my_out;
-        void* target = my_out;
-        if (in_place) {
-          if (scratch_bytes_ < bytes) {
-            // Earlier ops may still use the old buffer: wait for them (once per growth).
-            if (scratch_) {
-              check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-              check(cudaFree(scratch_), "cudaFree");
-            }
-            scratch_ = nullptr;
-            scratch_bytes_ = 0;
-            const std::uint64_t want = std::max<std::uint64_t>(bytes, 1 << 20);
-            if (cudaMalloc(&scratch_, want) != cudaSuccess) {
-              cudaGetLastError();
-              scratch_ = nullptr;
-              dry_error_ = "cudaMalloc of " + std::to_string(want) + " bytes for the smddp one-shot buffer failed";
-            } else {
-              scratch_bytes_ = want;
-            }
-          }
-          target = scratch_;
-        }
-        barrier(p);
-        reduce(inputs_at(0), target, l.count, l, n);
-        barrier(p);
-        if (in_place) copy(my_out, scratch_, bytes);
-      } else {
-        // Two-shot: chunk i (16-byte aligned) is reduced by rank i, then fetched by the others.
-        const std::uint64_t align = std::max<std::uint64_t>(1, 16 / e);
-        const std::uint64_t q = ((l.count + n - 1) / n + align - 1) / align * align;
-        const auto first = [&](int i) { return std::min<std::uint64_t>(l.count, q * static_cast<std::uint64_t>(i)); };
-        barrier(p);
-        if (twoshot_push()) {
-          // The reduced chunk goes straight into every member's output (in place too: the
-          // others read only their own chunks of this rank's buffer meanwhile).
-          std::vector<void*> outs;
-          for (int i = 0; i < n; ++i) outs.push_back(at(out[static_cast<std::size_t>(i)], first(me) * e));
-          reduce(inputs_at(first(me) * e), at(my_out, first(me) * e), first(me + 1) - first(me), l, n, outs);
-          barrier(p);
-          barrier(p);  // as many barriers as the pull form: members must agree on the count
-        } else {
-          reduce(inputs_at(first(me) * e), at(my_out, first(me) * e), first(me + 1) - first(me), l, n);
-          barrier(p);
-          for (int i = 0; i < n; ++i)
-            if (i != me) copy(at(my_out, first(i) * e), at(out[static_cast<std::size_t>(i)], first(i) * e),
-                              (first(i + 1) - first(i)) * e);
-          barrier(p);
-        }
-      }
-      break;
+  if (const std::uint64_t need = needs_scratch(a); need > scratch_bytes_ && dry_error_.empty()) {
+    // Earlier ops may still use the old buffer: wait for them (once per growth).
+    if (scratch_) {
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      check(cudaFree(scratch_), "cudaFree");
     }
-    case OpType::ReduceScatter:
-      barrier(p);
-      reduce(inputs_at(static_cast<std::uint64_t>(me) * l.count * e), my_out, l.count, l, n);
-      barrier(p);
-      break;
-    case OpType::Reduce:
-      barrier(p);
-      if (me == l.root) reduce(inputs_at(0), my_out, l.count, l, n);
-      barrier(p);
-      break;
-    case OpType::AllGather:
-      barrier(p);
-      copy_beside(at(my_out, static_cast<std::uint64_t>(me) * l.count * e), my_in, l.count * e);
-      for (int i = 0; i < n; ++i)
-        if (i != me)
-          copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e), in[static_cast<std::size_t>(i)], l.count * e);
-      join();
-      barrier(p);
-      break;
-    case OpType::Broadcast:
-      barrier(p);
-      copy(my_out, in[static_cast<std::size_t>(l.root)], l.count * e);
-      barrier(p);
-      break;
-    case OpType::Gather:
-      barrier(p);
-      if (me == l.root)
-        for (int i = 0; i < n; ++i)
-          copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e), in[static_cast<std::size_t>(i)], l.count * e);
-      barrier(p);
-      break;
-    case OpType::Scatter:
-      barrier(p);
-      copy(my_out, at(in[static_cast<std::size_t>(l.root)], static_cast<std::uint64_t>(me) * l.count * e), l.count * e);
-      barrier(p);
-      break;
-    case OpType::AllToAll:
-      barrier(p);
-      copy_beside(at(my_out, static_cast<std::uint64_t>(me) * l.count * e),
-                  at(my_in, static_cast<std::uint64_t>(me) * l.count * e), l.count * e);
-      for (int i = 0; i < n; ++i)
-        if (i != me)
-          copy(at(my_out, static_cast<std::uint64_t>(i) * l.count * e),
-               at(in[static_cast<std::size_t>(i)], static_cast<std::uint64_t>(me) * l.count * e), l.count * e);
-      join();
-      barrier(p);
-      break;
-    case OpType::Send:
-    case OpType::Recv:
-      // Members are {sender, receiver}; the receiver pulls.
-      barrier(p);
-      if (me == 1) copy(my_out, in[0], l.count * e);
-      barrier(p);
-      break;
-    default:
-      dry_error_ = "rank-side execution of " + std::string(ipc::to_string(l.op)) + " is not supported";
-      barrier(p);
-      barrier(p);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    const std::uint64_t want = std::max<std::uint64_t>(need, 1 << 20);
+    if (cudaMalloc(&scratch_, want) != cudaSuccess) {
+      cudaGetLastError();
+      scratch_ = nullptr;
+      dry_error_ = "cudaMalloc of " + std::to_string(want) + " bytes for the smddp one-shot buffer failed";
+    } else {
+      scratch_bytes_ = want;
+    }
+  }
+  a.scratch = static_cast<std::byte*>(scratch_);
+
+  std::string why;
+  const auto steps = schedule(a, why);
+  if (!steps) {
+    dry_error_ = why;
+    barrier(p);
+    barrier(p);
+  } else {
+    for (const Step& st : *steps) {
+      switch (st.kind) {
+        case Step::Kind::Barrier: barrier(p); break;
+        case Step::Kind::Reduce: {
+          std::vector<const void*> inputs(st.inputs.begin(), st.inputs.end());
+          if (st.outs.size() == 1) {
+            reduce(inputs, st.outs[0], st.count, l, n);
+          } else {
+            std::vector<void*> outs(st.outs.begin(), st.outs.end());
+            reduce(inputs, outs.empty() ? nullptr : outs[0], st.count, l, n, outs);
+          }
+          break;
+        }
+        case Step::Kind::Copy: copy(st.dst, st.src, st.bytes); break;
+        case Step::Kind::CopyBeside: copy_beside(st.dst, st.src, st.bytes); break;
+        case Step::Kind::Join: join(); break;
+      }
+    }
   }
   if (!dry_error_.empty()) throw std::runtime_error(dry_error_);
 }

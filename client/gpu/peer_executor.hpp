@@ -9,14 +9,9 @@
 // NVLink). Ranks order their steps with barriers: stream memory operations that write a
 // counter into each peer's GPU flag block and wait for the peers' counters in their own.
 //
-// Algorithms (pull model, n ranks of one node, the caller at index `me`):
-//   AllReduce   one-shot (small): every rank reduces all n inputs; two-shot (large): rank i
-//               reduces chunk i of all inputs (kernel), then copies the other chunks from
-//               their owners' outputs (copy engines)
-//   ReduceScatter / Reduce   one reduction kernel over the n inputs' block
-//   AllGather, Broadcast, Gather, Scatter, AllToAll, Send/Recv   copy-engine copies only
-// Each op starts with a barrier (every input is ready) and ends with one (nobody still reads
-// a buffer its owner may now reuse); two-shot adds one between its phases.
+// The algorithms (which rank reads and writes what, between which barriers) are in
+// client/gpu/schedule.hpp, plain C++ tested on host memory for 1-8 ranks; this file maps the
+// buffers, runs the steps on the GPU and implements the barriers.
 //
 // Threading: expect() from the calling thread, on_completion() from the client's exec
 // handler (client lock held: it only queues), drain() from any thread (it enqueues GPU work

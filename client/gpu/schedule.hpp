@@ -1,0 +1,61 @@
+// How a rank's part of a GPU collective decomposes into steps: reductions, copies, and
+// barriers with every member. Pure C++ (no CUDA): PeerExecutor only moves the bytes each step
+// names, and tests/client/gpu runs the same schedules on host memory, for any group size, and
+// checks their results and that no two ranks touch the same bytes between two barriers.
+//
+// Pull model: each rank reads the others' buffers and writes only its own, except the push
+// form of two-shot AllReduce (`push`), which writes its reduced chunk into every output.
+// Every member of an operation gets the same number of barriers, which depends only on the
+// operation, its byte size, the group size and `oneshot_max`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ipc/types.hpp"
+
+namespace smddp::client::gpu {
+
+struct Step {
+  enum class Kind {
+    Barrier,     // with every other member
+    Reduce,      // outs[j][i] = reduce over inputs[k][i], i < count (elements)
+    Copy,        // bytes from src to dst, on the rank's stream (copy engine)
+    CopyBeside,  // the same on a side stream, beside the next copies; Join waits for it
+    Join,
+  };
+  Kind kind = Kind::Barrier;
+  std::vector<const std::byte*> inputs;
+  std::vector<std::byte*> outs;
+  std::uint64_t count = 0;
+  const std::byte* src = nullptr;
+  std::byte* dst = nullptr;
+  std::uint64_t bytes = 0;
+};
+
+struct ScheduleArgs {
+  ipc::OpType op = ipc::OpType::AllReduce;
+  ipc::DType dtype = ipc::DType::Float32;
+  std::uint64_t count = 0;  // as in client::DeviceCall (per rank / per peer where it says so)
+  int root = 0;             // group rank of the root (Send/Recv: members are {sender, receiver})
+  int me = 0;
+  // By member: buffers as this rank sees them (its own, and the others' mapped here); null
+  // where a member has none. The schedule names null where a buffer is missing, and the
+  // executor refuses to move bytes then.
+  std::vector<std::byte*> in, out;
+  std::uint64_t oneshot_max = 0;  // AllReduce up to this many bytes runs one-shot
+  bool push = false;              // two-shot AllReduce: push form
+  std::byte* scratch = nullptr;   // needs_scratch() bytes, when it says so
+};
+
+// Bytes of scratch this rank needs (an in-place one-shot AllReduce reduces into scratch and
+// copies back after the closing barrier: the others still read its input until then); 0: none.
+std::uint64_t needs_scratch(const ScheduleArgs& a);
+
+// The steps, or nullopt and `why` for an operation with no rank-side schedule.
+std::optional<std::vector<Step>> schedule(const ScheduleArgs& a, std::string& why);
+
+}  // namespace smddp::client::gpu

@@ -1,0 +1,368 @@
+// The GPU path's schedules (client/gpu/schedule.hpp) run on host memory: n simulated ranks in
+// one process, phase by phase (a phase is what lies between two barriers; the barriers order
+// every rank's phase k after every rank's phase k-1, as on the GPUs). For every collective,
+// group size 1-8, dtype width, in-place form, one-shot and two-shot (pull and push), it checks:
+//   - every member gets the same number of barriers (or a GPU would wait forever);
+//   - no two actors (a rank's stream, its side stream) touch the same bytes within a phase
+//     where one of them writes (a race on the GPUs);
+//   - the results equal a reference computed independently.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/gpu/schedule.hpp"
+
+namespace smddp::client::gpu {
+namespace {
+
+using ipc::DType;
+using ipc::OpType;
+using Kind = Step::Kind;
+
+struct Range {
+  const std::byte* lo;
+  const std::byte* hi;
+  bool overlaps(const Range& o) const { return lo < o.hi && o.lo < hi; }
+};
+
+// Element-wise sum in the dtype (integer types: wrap-around, so exact everywhere).
+void add_into(std::byte* acc, const std::byte* x, std::uint64_t count, DType t) {
+  const auto go = [&](auto zero) {
+    using T = decltype(zero);
+    for (std::uint64_t i = 0; i < count; ++i) {
+      T a, b;
+      std::memcpy(&a, acc + i * sizeof(T), sizeof(T));
+      std::memcpy(&b, x + i * sizeof(T), sizeof(T));
+      const T c = static_cast<T>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
+      std::memcpy(acc + i * sizeof(T), &c, sizeof(T));
+    }
+  };
+  switch (t) {
+    case DType::Int8: go(std::uint8_t{}); break;
+    case DType::Int32: go(std::uint32_t{}); break;
+    case DType::Int64: go(std::uint64_t{}); break;
+    default: FAIL() << "test dtype";
+  }
+}
+
+struct Case {
+  OpType op;
+  DType dtype;
+  std::uint64_t count;
+  int n;
+  int root = 0;
+  bool in_place = false;
+  std::uint64_t oneshot_max = 1 << 20;
+  bool push = false;
+  std::string name() const {
+    return std::string(ipc::to_string(op)) + " " + std::string(ipc::to_string(dtype)) + " count " +
+           std::to_string(count) + " n " + std::to_string(n) + " root " + std::to_string(root) +
+           (in_place ? " in-place" : "") + " oneshot_max " + std::to_string(oneshot_max) + (push ? " push" : "");
+  }
+};
+
+class Sim {
+ public:
+  explicit Sim(const Case& c) : c_(c), e_(ipc::dtype_size(c.dtype)), n_(static_cast<std::size_t>(c.n)) {
+    const std::uint64_t one = c.count * e_, all = one * n_;
+    in_.resize(n_);
+    out_.resize(n_);
+    scratch_.resize(n_);
+    for (std::size_t r = 0; r < n_; ++r) {
+      const bool root = static_cast<int>(r) == c.root;
+      std::uint64_t in_bytes = 0, out_bytes = 0;
+      switch (c.op) {
+        case OpType::AllReduce: in_bytes = one; out_bytes = c.in_place ? 0 : one; break;
+        case OpType::ReduceScatter: in_bytes = all; out_bytes = one; break;
+        case OpType::Reduce: in_bytes = one; out_bytes = root ? one : 0; break;
+        case OpType::AllGather: in_bytes = c.in_place ? 0 : one; out_bytes = all; break;
+        case OpType::AllToAll: in_bytes = all; out_bytes = all; break;
+        case OpType::Broadcast: in_bytes = root ? one : 0; out_bytes = root ? 0 : one; break;
+        case OpType::Gather: in_bytes = one; out_bytes = root ? all : 0; break;
+        case OpType::Scatter: in_bytes = root ? all : 0; out_bytes = one; break;
+        case OpType::Send: in_bytes = r == 0 ? one : 0; out_bytes = r == 1 ? one : 0; break;
+        default: break;
+      }
+      in_[r].resize(in_bytes);
+      out_[r].resize(out_bytes);
+      for (std::uint64_t i = 0; i < in_bytes; ++i) in_[r][i] = static_cast<std::byte>((r * 131 + i * 7 + 3) & 0xff);
+      for (std::uint64_t i = 0; i < out_bytes; ++i) out_[r][i] = std::byte{0xEE};  // poison
+      if (c.op == OpType::AllGather && c.in_place)
+        for (std::uint64_t i = 0; i < one; ++i) out_[r][r * one + i] = static_cast<std::byte>((r * 131 + i * 7 + 3) & 0xff);
+    }
+    // What each member's buffers are (the same pointer in every rank's view: one process).
+    for (std::size_t r = 0; r < n_; ++r) {
+      std::byte* in = in_[r].empty() ? nullptr : in_[r].data();
+      std::byte* out = out_[r].empty() ? nullptr : out_[r].data();
+      if (c.op == OpType::AllReduce && c.in_place) out = in;
+      if (c.op == OpType::Broadcast && static_cast<int>(r) == c.root) out = in;
+      if (c.op == OpType::AllGather && c.in_place) in = out + r * one;
+      ins_.push_back(in);
+      outs_.push_back(out);
+    }
+    inputs_before_.resize(n_);
+    for (std::size_t r = 0; r < n_; ++r)
+      if (ins_[r]) inputs_before_[r].assign(ins_[r], ins_[r] + input_bytes(r));
+  }
+
+  std::uint64_t input_bytes(std::size_t r) const {
+    const std::uint64_t one = c_.count * e_;
+    switch (c_.op) {
+      case OpType::ReduceScatter:
+      case OpType::AllToAll: return one * n_;
+      case OpType::Scatter: return static_cast<int>(r) == c_.root ? one * n_ : 0;
+      default: return one;
+    }
+  }
+
+  // Builds every rank's steps and runs them phase by phase; returns false (with failures
+  // recorded) on a schedule error, unequal barriers or a race.
+  void run() {
+    std::vector<std::vector<Step>> steps(n_);
+    for (std::size_t r = 0; r < n_; ++r) {
+      ScheduleArgs a;
+      a.op = c_.op == OpType::Send && r == 1 ? OpType::Recv : c_.op;
+      a.dtype = c_.dtype;
+      a.count = c_.count;
+      a.root = c_.root;
+      a.me = static_cast<int>(r);
+      a.in = ins_;
+      a.out = outs_;
+      a.oneshot_max = c_.oneshot_max;
+      a.push = c_.push;
+      scratch_[r].resize(needs_scratch(a));
+      a.scratch = scratch_[r].empty() ? nullptr : scratch_[r].data();
+      std::string why;
+      auto s = schedule(a, why);
+      ASSERT_TRUE(s) << why;
+      steps[r] = std::move(*s);
+    }
+    // Phases.
+    std::vector<std::vector<std::vector<const Step*>>> phases(n_);
+    for (std::size_t r = 0; r < n_; ++r) {
+      phases[r].emplace_back();
+      for (const auto& s : steps[r]) {
+        if (s.kind == Kind::Barrier) phases[r].emplace_back();
+        else phases[r].back().push_back(&s);
+      }
+    }
+    for (std::size_t r = 1; r < n_; ++r)
+      ASSERT_EQ(phases[r].size(), phases[0].size()) << "rank " << r << " passes a different number of barriers";
+    for (std::size_t k = 0; k < phases[0].size(); ++k) {
+      // Accesses per actor (rank * 2 + side stream).
+      std::map<std::size_t, std::vector<Range>> reads, writes;
+      for (std::size_t r = 0; r < n_; ++r)
+        for (const Step* s : phases[r][k]) {
+          const std::size_t actor = r * 2 + (s->kind == Kind::CopyBeside ? 1 : 0);
+          if (s->kind == Kind::Reduce) {
+            const std::uint64_t b = s->count * e_;
+            for (auto* p : s->inputs) {
+              ASSERT_NE(p, nullptr) << "rank " << r << " reduces a missing input";
+              reads[actor].push_back({p, p + b});
+            }
+            for (auto* p : s->outs) {
+              ASSERT_NE(p, nullptr) << "rank " << r << " reduces into a missing output";
+              writes[actor].push_back({p, p + b});
+            }
+          } else if (s->kind == Kind::Copy || s->kind == Kind::CopyBeside) {
+            ASSERT_NE(s->src, nullptr) << "rank " << r << " copies from a missing buffer";
+            ASSERT_NE(s->dst, nullptr) << "rank " << r << " copies into a missing buffer";
+            reads[actor].push_back({s->src, s->src + s->bytes});
+            writes[actor].push_back({s->dst, s->dst + s->bytes});
+          }
+        }
+      for (const auto& [a, ws] : writes)
+        for (const auto& w : ws)
+          for (std::size_t b = 0; b < 2 * n_; ++b) {
+            if (b == a) continue;
+            for (const auto& x : reads[b]) ASSERT_FALSE(w.overlaps(x)) << "phase " << k << ": actor " << a << " writes bytes actor " << b << " reads";
+            for (const auto& x : writes[b]) ASSERT_FALSE(w.overlaps(x)) << "phase " << k << ": actors " << a << " and " << b << " write the same bytes";
+          }
+      // Race-free, so any order gives the GPUs' result.
+      for (std::size_t r = 0; r < n_; ++r)
+        for (const Step* s : phases[r][k]) execute(*s);
+    }
+  }
+
+  void execute(const Step& s) {
+    if (s.kind == Kind::Copy || s.kind == Kind::CopyBeside) {
+      std::memmove(s.dst, s.src, s.bytes);
+    } else if (s.kind == Kind::Reduce) {
+      std::vector<std::byte> acc(s.inputs[0], s.inputs[0] + s.count * e_);
+      for (std::size_t i = 1; i < s.inputs.size(); ++i) add_into(acc.data(), s.inputs[i], s.count, c_.dtype);
+      for (auto* o : s.outs) std::memcpy(o, acc.data(), acc.size());
+    }
+  }
+
+  // The expected output of rank r, from the inputs as they were before the collective.
+  std::vector<std::byte> expected(std::size_t r) const {
+    const std::uint64_t one = c_.count * e_;
+    const auto sum_block = [&](std::uint64_t off) {
+      std::vector<std::byte> acc(inputs_before_[0].begin() + static_cast<std::ptrdiff_t>(off),
+                                 inputs_before_[0].begin() + static_cast<std::ptrdiff_t>(off + one));
+      for (std::size_t q = 1; q < n_; ++q) add_into(acc.data(), inputs_before_[q].data() + off, c_.count, c_.dtype);
+      return acc;
+    };
+    const auto root = static_cast<std::size_t>(c_.root);
+    std::vector<std::byte> v;
+    switch (c_.op) {
+      case OpType::AllReduce: return sum_block(0);
+      case OpType::ReduceScatter: return sum_block(r * one);
+      case OpType::Reduce: return r == root ? sum_block(0) : v;
+      case OpType::AllGather:
+        for (std::size_t q = 0; q < n_; ++q) v.insert(v.end(), inputs_before_[q].begin(), inputs_before_[q].end());
+        return v;
+      case OpType::AllToAll:
+        for (std::size_t q = 0; q < n_; ++q)
+          v.insert(v.end(), inputs_before_[q].begin() + static_cast<std::ptrdiff_t>(r * one),
+                   inputs_before_[q].begin() + static_cast<std::ptrdiff_t>((r + 1) * one));
+        return v;
+      case OpType::Broadcast: return inputs_before_[root];
+      case OpType::Gather:
+        if (r != root) return v;
+        for (std::size_t q = 0; q < n_; ++q) v.insert(v.end(), inputs_before_[q].begin(), inputs_before_[q].end());
+        return v;
+      case OpType::Scatter:
+        return {inputs_before_[root].begin() + static_cast<std::ptrdiff_t>(r * one),
+                inputs_before_[root].begin() + static_cast<std::ptrdiff_t>((r + 1) * one)};
+      case OpType::Send: return r == 1 ? inputs_before_[0] : v;
+      default: return v;
+    }
+  }
+
+  std::vector<std::byte> result(std::size_t r) const {
+    if (!outs_[r]) return {};
+    const std::uint64_t one = c_.count * e_;
+    std::uint64_t bytes = one;
+    if (c_.op == OpType::AllGather || c_.op == OpType::AllToAll || c_.op == OpType::Gather) bytes = one * n_;
+    return {outs_[r], outs_[r] + bytes};
+  }
+
+  std::size_t n() const { return n_; }
+
+ private:
+  Case c_;
+  std::uint64_t e_;
+  std::size_t n_;
+  std::vector<std::vector<std::byte>> in_, out_, scratch_, inputs_before_;
+  std::vector<std::byte*> ins_, outs_;
+};
+
+void check(const Case& c) {
+  SCOPED_TRACE(c.name());
+  Sim sim(c);
+  sim.run();
+  if (::testing::Test::HasFatalFailure()) return;
+  for (std::size_t r = 0; r < sim.n(); ++r) {
+    const auto want = sim.expected(r);
+    const auto got = sim.result(r);
+    ASSERT_EQ(got.size(), want.size()) << "rank " << r;
+    EXPECT_TRUE(got == want) << "rank " << r << " has a wrong result";
+  }
+}
+
+const DType kTypes[] = {DType::Int8, DType::Int32, DType::Int64};
+const std::uint64_t kCounts[] = {1, 7, 64, 1001};
+
+TEST(GpuSchedule, AllReduceOneShotAndTwoShotPullAndPushInAndOutOfPlace) {
+  for (int n = 1; n <= 8; ++n)
+    for (auto t : kTypes)
+      for (auto count : kCounts)
+        for (bool in_place : {false, true})
+          for (std::uint64_t oneshot_max : {std::uint64_t{1} << 20, std::uint64_t{0}})  // one-shot, two-shot
+            for (bool push : {false, true}) {
+              if (oneshot_max && push) continue;
+              check({OpType::AllReduce, t, count, n, 0, in_place, oneshot_max, push});
+            }
+}
+
+TEST(GpuSchedule, TwoShotChunksCoverEveryElementWhenTheyDoNotDivideEvenly) {
+  // Fewer aligned chunks than ranks (count 1 with 8 ranks) and ragged last chunks.
+  for (int n : {2, 3, 5, 8})
+    for (std::uint64_t count : {1, 2, 15, 17, 33, 4099}) check({OpType::AllReduce, DType::Int8, count, n, 0, true, 0});
+}
+
+TEST(GpuSchedule, ReduceScatterAndReduceToEveryRoot) {
+  for (int n = 1; n <= 8; ++n)
+    for (auto t : kTypes)
+      for (auto count : kCounts) {
+        check({OpType::ReduceScatter, t, count, n});
+        for (int root = 0; root < n; ++root) check({OpType::Reduce, t, count, n, root});
+      }
+}
+
+TEST(GpuSchedule, AllGatherInAndOutOfPlaceAndAllToAll) {
+  for (int n = 1; n <= 8; ++n)
+    for (auto t : kTypes)
+      for (auto count : kCounts) {
+        check({OpType::AllGather, t, count, n});
+        check({OpType::AllGather, t, count, n, 0, true});
+        check({OpType::AllToAll, t, count, n});
+      }
+}
+
+TEST(GpuSchedule, BroadcastGatherScatterFromEveryRoot) {
+  for (int n = 1; n <= 8; ++n)
+    for (auto count : kCounts)
+      for (int root = 0; root < n; ++root) {
+        check({OpType::Broadcast, DType::Int32, count, n, root});
+        check({OpType::Gather, DType::Int32, count, n, root});
+        check({OpType::Scatter, DType::Int32, count, n, root});
+      }
+}
+
+TEST(GpuSchedule, SendRecvThePeerPulls) {
+  for (auto count : kCounts) check({OpType::Send, DType::Int64, count, 2});
+}
+
+TEST(GpuSchedule, BarriersDependOnlyOnWhatEveryMemberKnows) {
+  // A rank in place and a rank out of place still pass the same barriers (the count is
+  // what every member shares), in each AllReduce form.
+  for (std::uint64_t oneshot_max : {std::uint64_t{1} << 20, std::uint64_t{0}}) {
+    std::vector<std::byte> a(64), b(64), c(64);
+    ScheduleArgs x;
+    x.op = OpType::AllReduce;
+    x.dtype = DType::Int32;
+    x.count = 16;
+    x.in = {a.data(), b.data()};
+    x.out = {a.data(), c.data()};  // rank 0 in place, rank 1 not
+    x.oneshot_max = oneshot_max;
+    std::vector<std::byte> scratch(64);
+    x.scratch = scratch.data();
+    std::size_t barriers[2] = {0, 0};
+    for (int me = 0; me < 2; ++me) {
+      x.me = me;
+      std::string why;
+      auto s = schedule(x, why);
+      ASSERT_TRUE(s) << why;
+      barriers[me] = static_cast<std::size_t>(
+          std::count_if(s->begin(), s->end(), [](const Step& st) { return st.kind == Kind::Barrier; }));
+    }
+    EXPECT_EQ(barriers[0], barriers[1]);
+  }
+}
+
+TEST(GpuSchedule, MissingBuffersShowAsNullAndUnsupportedOpsSayWhy) {
+  ScheduleArgs x;
+  x.op = OpType::AllGather;
+  x.dtype = DType::Int32;
+  x.count = 4;
+  std::vector<std::byte> out(32);
+  x.in = {nullptr, nullptr};  // the peer's input never mapped
+  x.out = {out.data(), nullptr};
+  std::string why;
+  auto s = schedule(x, why);
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(std::any_of(s->begin(), s->end(), [](const Step& st) { return st.kind == Kind::Copy && !st.src; }));
+  x.op = OpType::Barrier;
+  EXPECT_FALSE(schedule(x, why));
+  EXPECT_NE(why.find("not supported"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace smddp::client::gpu
