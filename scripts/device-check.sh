@@ -6,8 +6,8 @@
 #
 #   scripts/device-check.sh [--quick] [--no-bench] [--only LABELS]
 #
-# --quick fits one 10-minute device call (about 7 minutes on 2xH200): it builds only what the
-# GPU path needs, runs the GPU suites through smddprun only, then the benchmark sweep (16 B to
+# --quick fits one 10-minute device call (about 8 minutes on 2xH200): it builds only what the
+# GPU path needs, runs the GPU suites through smddprun only (and across 2 simulated nodes), then the benchmark sweep (16 B to
 # 1 GiB beside NCCL) and the overlap benchmark, each step under its own time limit so that one
 # hang cannot eat the call.
 set -uo pipefail
@@ -60,6 +60,8 @@ if [ "$quick" -eq 1 ]; then
       tests/gpu/test_gpu_collectives.py -k "smddprun or expandable"
     step gpu_training "${gpu_env[@]}" timeout 150 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_training.py -k smddprun
+    step gpu_multinode "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$([ -e "$build/daemon/transport/libsmddp_transport.a" ] && echo ON || echo OFF)" \
+      timeout 120 "$py" -m pytest "${pytest_args[@]}" tests/gpu/test_gpu_multinode.py
     if [ "$bench" -eq 1 ]; then
       mkdir -p "$OUT/bench"
       step bench_sweep timeout 200 "$py" scripts/bench_torch.py --build "$build" --min 16 --max 1G \

@@ -80,15 +80,17 @@ std::string local_bus_id() {
     cudaGetLastError();
     return {};
   }
+  // The GPU the rank chose (torch.cuda.set_device to anything but 0), else LOCAL_RANK's, else
+  // the current one. Simulated nodes on one machine need the first: every node's local rank 0
+  // would otherwise name GPU 0.
   int dev = -1;
-  if (const char* lr = std::getenv("LOCAL_RANK"); lr && *lr) {
+  const int chosen = static_cast<int>(c10::cuda::current_device());
+  if (chosen > 0 && chosen < n) dev = chosen;
+  if (const char* lr = std::getenv("LOCAL_RANK"); dev < 0 && lr && *lr) {
     const int v = std::atoi(lr);
     if (v >= 0 && v < n) dev = v;
   }
-  if (dev < 0 && cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return {};
-  }
+  if (dev < 0) dev = chosen;
   return bus_id_of(dev);
 }
 

@@ -170,6 +170,9 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
   if (!w.cuda()) {
     w.set_cuda(cuda_path_, any.device());
   }
+  if (spans_nodes(call)) {
+    return host_staged_call(w, call, in, out, co);
+  }
   const auto bytes_of = [](const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); };
   // In place (allreduce, a broadcast root): one buffer for both roles.
   const bool same = in && out && in->numel() > 0 && in->data_ptr() == out->data_ptr() && in->numel() == out->numel();
@@ -221,6 +224,75 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
     }
   }
   return comm_->device_op(call, co);
+}
+
+bool ProcessGroupSMDDP::spans_nodes(const client::DeviceCall& call) const {
+  if (client_->num_nodes() <= 1) {
+    return false;
+  }
+  // Ranks of a node are consecutive (smddprun, mpirun by slot, SMDDP_SIMULATE_NODES).
+  const int first = client_->rank() - client_->local_rank();
+  const int end = first + client_->local_world_size();
+  const auto& global = comm_->global_ranks();
+  const auto elsewhere = [&](int g) { return g < first || g >= end; };
+  if (call.op == client::OpType::Send || call.op == client::OpType::Recv) {
+    return call.root >= 0 && static_cast<std::size_t>(call.root) < global.size() &&
+           elsewhere(global[static_cast<std::size_t>(call.root)]);
+  }
+  return std::any_of(global.begin(), global.end(), elsewhere);
+}
+
+client::WorkPtr ProcessGroupSMDDP::host_staged_call(WorkSMDDP& w, const client::DeviceCall& call,
+                                                    const at::Tensor* in, const at::Tensor* out,
+                                                    const client::CallOptions& co) {
+  const auto host_like = [](const at::Tensor& t) {
+    return at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  };
+  const bool same = in && out && in->numel() > 0 && in->data_ptr() == out->data_ptr() && in->numel() == out->numel();
+  at::Tensor hin, hout;
+  if (in && in->numel() > 0) {
+    hin = host_like(*in);
+    hin.copy_(*in);  // ordered after the caller's stream; the CPU waits for it
+    w.keep_alive(hin);
+  }
+  if (out && out->numel() > 0) {
+    hout = same ? hin : host_like(*out);
+    w.keep_alive(hout);
+    w.add_host_output(hout, *out);
+  }
+  void* ip = hin.defined() ? hin.data_ptr() : nullptr;
+  void* op = hout.defined() ? hout.data_ptr() : nullptr;
+  using client::OpType;
+  switch (call.op) {
+    case OpType::AllReduce:
+      return comm_->allreduce(ip, op, call.count, call.dtype, call.reduce_op, co);
+    case OpType::Broadcast:
+      return comm_->broadcast(ip ? ip : op, call.count, call.dtype, call.root, co);
+    case OpType::Reduce:
+      return comm_->reduce(ip, op, call.count, call.dtype, call.reduce_op, call.root, co);
+    case OpType::AllGather:
+      return comm_->allgather(ip, op, call.count, call.dtype, co);
+    case OpType::ReduceScatter:
+      return comm_->reduce_scatter(ip, op, call.count, call.dtype, call.reduce_op, co);
+    case OpType::AllToAll:
+      if (!call.splits.empty()) {
+        const auto n = call.splits.size() / 2;
+        std::vector<std::uint64_t> send(call.splits.begin(), call.splits.begin() + static_cast<std::ptrdiff_t>(n));
+        std::vector<std::uint64_t> recv(call.splits.begin() + static_cast<std::ptrdiff_t>(n), call.splits.end());
+        return comm_->alltoallv(ip, send, op, recv, call.dtype, co);
+      }
+      return comm_->alltoall(ip, op, call.count, call.dtype, co);
+    case OpType::Gather:
+      return comm_->gather(ip, op, call.count, call.dtype, call.root, co);
+    case OpType::Scatter:
+      return comm_->scatter(ip, op, call.count, call.dtype, call.root, co);
+    case OpType::Send:
+      return comm_->send(ip, call.count, call.dtype, call.root, call.tag, co);
+    case OpType::Recv:
+      return comm_->recv(op, call.count, call.dtype, call.root, call.tag, co);
+    default:
+      throw_unsupported(w.op_name(), "this operation has no host-staged form across nodes");
+  }
 }
 
 namespace {

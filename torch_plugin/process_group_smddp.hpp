@@ -102,6 +102,12 @@ class ProcessGroupSMDDP : public BackendBase {
   void require_supported_path(const char* op, DevicePath path) const;
   // GPU path: submits `call` with CUDA tensors `in`/`out` (null where the role has none),
   // after recording an input event on the current stream.
+  // CUDA tensors in a group that spans nodes: through pinned host copies and the daemons'
+  // host path across the fabric (the CPU waits for the copy to host; the copy back runs on
+  // the Work's completion stream).
+  bool spans_nodes(const client::DeviceCall& call) const;
+  client::WorkPtr host_staged_call(WorkSMDDP& w, const client::DeviceCall& call, const at::Tensor* in,
+                                   const at::Tensor* out, const client::CallOptions& co);
   client::WorkPtr device_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor* in, const at::Tensor* out,
                               const client::CallOptions& co);
   client::CallOptions call_options(std::chrono::milliseconds timeout, double scale = 1.0) const;

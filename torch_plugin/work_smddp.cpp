@@ -125,6 +125,9 @@ void WorkSMDDP::finalize() {
               gpu::CudaPath::copy_out(s, to);
             }
           }
+          for (const auto& [host, to] : host_outputs_) {
+            to.copy_(host, /*non_blocking=*/true);  // pinned: the host allocator keeps it until copied
+          }
           if (epilogue_) {
             epilogue_();
           }
@@ -139,6 +142,7 @@ void WorkSMDDP::finalize() {
       cuda_->release_staging(s, done_);
     }
     staging_.clear();
+    host_outputs_.clear();
   } else if (!error && epilogue_) {
     try {
       epilogue_();
@@ -223,6 +227,11 @@ void WorkSMDDP::set_cuda(std::shared_ptr<gpu::CudaPath> path, c10::Device device
 void WorkSMDDP::add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tensor copy_to) {
   std::lock_guard lock(state_mutex_);
   staging_.emplace_back(std::move(s), std::move(copy_to));
+}
+
+void WorkSMDDP::add_host_output(at::Tensor host, at::Tensor to) {
+  std::lock_guard lock(state_mutex_);
+  host_outputs_.emplace_back(std::move(host), std::move(to));
 }
 
 void WorkSMDDP::add_exec_token(std::uint64_t token) {

@@ -60,6 +60,9 @@ class WorkSMDDP : public c10d::Work {
   // A staging buffer (expandable segments) this work uses; if `copy_to` is defined, the
   // buffer is copied into it on completion, before the epilogue.
   void add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tensor copy_to);
+  // Across nodes: a pinned host tensor the collective wrote, copied into `to` (CUDA) on
+  // completion, before the epilogue.
+  void add_host_output(at::Tensor host, at::Tensor to);
 
  private:
   void child_done();
@@ -90,6 +93,7 @@ class WorkSMDDP : public c10d::Work {
   std::shared_ptr<gpu::CudaPath::Done> done_;  // set before completion; read by synchronize()
   std::vector<c10::intrusive_ptr<WorkSMDDP>> sync_children_;
   std::vector<std::pair<std::shared_ptr<gpu::CudaPath::Staging>, at::Tensor>> staging_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> host_outputs_;  // (host, cuda)
 };
 
 }  // namespace smddp::torch_plugin

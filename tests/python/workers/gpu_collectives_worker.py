@@ -13,6 +13,9 @@ import torch.distributed as dist
 from common import Checker, close, init
 
 local = int(os.environ.get("LOCAL_RANK", "0"))
+if os.environ.get("SMDDP_TEST_GPU_BY_RANK") == "1":
+    # Simulated nodes share one machine: every node's local rank 0 would pick GPU 0.
+    local = int(os.environ["RANK"]) % torch.cuda.device_count()
 torch.cuda.set_device(local)
 dev = torch.device("cuda", local)
 rank, W = init()

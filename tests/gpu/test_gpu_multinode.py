@@ -1,0 +1,34 @@
+"""GPU path across nodes (label gpu): CUDA tensors in groups that span 2 simulated nodes (one
+daemon per node, libfabric over loopback between them) go through pinned host copies and the
+daemons' host path; every collective x dtype must match NCCL and the reference. Skips without
+2 GPUs or without the fabric transport."""
+
+import os
+import subprocess
+
+import pytest
+
+from conftest import python_exe, run_job
+
+
+def _gpu_count():
+    try:
+        out = subprocess.run([python_exe(), "-c", "import torch; print(torch.cuda.device_count())"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
+        return int(out.stdout.strip() or 0)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
+
+
+pytestmark = [
+    pytest.mark.skipif(_gpu_count() < 2, reason="needs 2 CUDA GPUs (GPU tests skip on CPU machines)"),
+    pytest.mark.skipif(os.environ.get("SMDDP_HAVE_FABRIC", "ON").upper() in ("OFF", "0", "FALSE"),
+                       reason="this smddp build has no libfabric transport (jobs across nodes need it)"),
+]
+
+
+def test_gpu_collectives_across_two_simulated_nodes():
+    # One rank (and GPU) per simulated node: 2 ranks, the group spans both nodes.
+    res = run_job("gpu_collectives_worker.py", 1, args=["--sizes", "1,7,1048579"], timeout=600,
+                  smddprun_args=("--simulate-nodes", "2"), extra_env={"SMDDP_TEST_GPU_BY_RANK": "1"})
+    res.assert_ok(min_checks=2 * 200)
