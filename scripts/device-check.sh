@@ -4,7 +4,7 @@
 # they skip on a CPU machine), then the benchmarks when asked, and writes every log plus a
 # JSON summary under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [--quick] [--no-bench] [--only LABELS]
+#   scripts/device-check.sh [--quick] [--all-gpus] [--no-bench] [--only LABELS]
 #
 # --quick fits one 10-minute device call (about 8 minutes on 2xH200): it builds only what the
 # GPU path needs, runs the GPU suites through smddprun only (and across 2 simulated nodes), then the benchmark sweep (16 B to
@@ -21,6 +21,8 @@ labels='unit|integration|python|gpu'
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
+    # GPU suites on every GPU of the machine (up to 8) instead of 2 (issue 6: 4 or 8 GPUs).
+    --all-gpus) export SMDDP_TEST_NPROC="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" ;;
     --no-bench) bench=0 ;;
     --only) labels="$2"; shift ;;
     *) echo "unknown option $1"; exit 2 ;;

@@ -8,3 +8,10 @@ _spec = importlib.util.spec_from_file_location("smddp_plugin_conftest", _path)
 _shared = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shared)
 globals().update({k: v for k, v in vars(_shared).items() if not k.startswith("__")})
+
+
+def gpu_ranks():
+    """Ranks of a GPU job: SMDDP_TEST_NPROC (device-check.sh --all-gpus sets the machine's GPU
+    count, up to 8), else 2."""
+    import os
+    return max(2, min(8, int(os.environ.get("SMDDP_TEST_NPROC", "2") or 2)))

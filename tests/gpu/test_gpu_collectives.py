@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import LAUNCHERS, python_exe, run_job
+from conftest import LAUNCHERS, gpu_ranks, python_exe, run_job
 
 
 def _gpu_count():
@@ -18,17 +18,20 @@ def _gpu_count():
         return 0
 
 
-pytestmark = pytest.mark.skipif(_gpu_count() < 2, reason="needs 2 CUDA GPUs (GPU tests skip on CPU machines)")
+pytestmark = pytest.mark.skipif(_gpu_count() < gpu_ranks(),
+                                reason="needs %d CUDA GPUs (GPU tests skip on CPU machines)" % gpu_ranks())
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_gpu_collectives(launcher):
-    res = run_job("gpu_collectives_worker.py", 2, args=["--big"] if launcher == "smddprun" else [],
+    n = gpu_ranks()
+    res = run_job("gpu_collectives_worker.py", n, args=["--big"] if launcher == "smddprun" else [],
                   launcher=launcher, timeout=600)
-    res.assert_ok(min_checks=2 * 400)
+    res.assert_ok(min_checks=n * 400)
 
 
 def test_gpu_expandable_segments():
-    res = run_job("gpu_collectives_worker.py", 2, args=["--sizes", "7,1048579"], timeout=600,
+    n = gpu_ranks()
+    res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579"], timeout=600,
                   extra_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
-    res.assert_ok(min_checks=2 * 200)
+    res.assert_ok(min_checks=n * 200)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import python_exe, run_job
+from conftest import gpu_ranks, python_exe, run_job
 
 
 def _gpu_count():
@@ -21,14 +21,17 @@ def _gpu_count():
 
 
 pytestmark = [
-    pytest.mark.skipif(_gpu_count() < 2, reason="needs 2 CUDA GPUs (GPU tests skip on CPU machines)"),
+    pytest.mark.skipif(_gpu_count() < gpu_ranks(),
+                       reason="needs %d CUDA GPUs (GPU tests skip on CPU machines)" % gpu_ranks()),
     pytest.mark.skipif(os.environ.get("SMDDP_HAVE_FABRIC", "ON").upper() in ("OFF", "0", "FALSE"),
                        reason="this smddp build has no libfabric transport (jobs across nodes need it)"),
 ]
 
 
 def test_gpu_collectives_across_two_simulated_nodes():
-    # One rank (and GPU) per simulated node: 2 ranks, the group spans both nodes.
-    res = run_job("gpu_collectives_worker.py", 1, args=["--sizes", "1,7,1048579"], timeout=600,
+    # The job's GPUs split over 2 simulated nodes (2 GPUs: one rank per node; 8: four), each
+    # rank on GPU RANK; the world group spans both nodes.
+    n = gpu_ranks()
+    res = run_job("gpu_collectives_worker.py", n // 2, args=["--sizes", "1,7,1048579"], timeout=600,
                   smddprun_args=("--simulate-nodes", "2"), extra_env={"SMDDP_TEST_GPU_BY_RANK": "1"})
-    res.assert_ok(min_checks=2 * 200)
+    res.assert_ok(min_checks=(n // 2 * 2) * 200)

@@ -4,11 +4,12 @@ Skips cleanly where there are fewer than 2 GPUs."""
 
 import pytest
 
-from conftest import LAUNCHERS, run_job
+from conftest import LAUNCHERS, gpu_ranks, run_job
 from test_gpu_collectives import pytestmark  # noqa: F401 - the same skip condition
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_training_parity(launcher):
-    res = run_job("gpu_training_worker.py", 2, launcher=launcher, timeout=600)
-    res.assert_ok(min_checks=2 * 4)
+    n = gpu_ranks()
+    res = run_job("gpu_training_worker.py", n, launcher=launcher, timeout=600)
+    res.assert_ok(min_checks=n * 4)
