@@ -170,6 +170,16 @@ bool handle_is(const ipc::PlanHandle& h, std::uint8_t fill) {
   return true;
 }
 
+// Checks a Handles completion that carries exactly one handle: `slot`'s allocation `alloc_id`,
+// whose fake handle bytes are all `fill`.
+void expect_one_handle(const Recorder::Call& call, int slot, std::uint64_t alloc_id, std::uint8_t fill) {
+  ASSERT_EQ(call.c.kind, CompletionKind::Handles);
+  ASSERT_EQ(call.c.plan_header().handles, 1);
+  EXPECT_EQ(call.c.plan_handle(0).slot, slot);
+  EXPECT_EQ(call.c.plan_handle(0).alloc_id, alloc_id);
+  EXPECT_TRUE(handle_is(call.c.plan_handle(0), fill));
+}
+
 // Waits for every Work; failures are reported, not thrown.
 void wait_all(const std::vector<WorkPtr>& works) {
   for (std::size_t i = 0; i < works.size(); ++i) {
@@ -260,11 +270,7 @@ TEST(DaemonRankExec, HandlesAreSentOncePerAllocationThenOnlyPlans) {
     expect_plan(calls0[0], 30, 0, {{100, 100}, {101, 101}});
     auto calls1 = ranks[1]->rec.take();
     ASSERT_EQ(calls1.size(), 2u);
-    ASSERT_EQ(calls1[0].c.kind, CompletionKind::Handles);
-    ASSERT_EQ(calls1[0].c.plan_header().handles, 1);
-    EXPECT_EQ(calls1[0].c.plan_handle(0).slot, 0);
-    EXPECT_EQ(calls1[0].c.plan_handle(0).alloc_id, 100u);
-    EXPECT_TRUE(handle_is(calls1[0].c.plan_handle(0), 0xC2));
+    expect_one_handle(calls1[0], 0, 100u, 0xC2);
     expect_plan(calls1[1], 31, 1, {{100, 100}, {101, 101}});
   }
 
@@ -278,11 +284,7 @@ TEST(DaemonRankExec, HandlesAreSentOncePerAllocationThenOnlyPlans) {
     wait_all(w);
     auto calls0 = ranks[0]->rec.take();
     ASSERT_EQ(calls0.size(), 2u);
-    ASSERT_EQ(calls0[0].c.kind, CompletionKind::Handles);
-    ASSERT_EQ(calls0[0].c.plan_header().handles, 1);
-    EXPECT_EQ(calls0[0].c.plan_handle(0).slot, 1);
-    EXPECT_EQ(calls0[0].c.plan_handle(0).alloc_id, 201u);
-    EXPECT_TRUE(handle_is(calls0[0].c.plan_handle(0), 0xD3));
+    expect_one_handle(calls0[0], 1, 201u, 0xD3);
     expect_plan(calls0[1], 40, 0, {{100, 100}, {101, 201}});
     auto calls1 = ranks[1]->rec.take();
     ASSERT_EQ(calls1.size(), 1u);
@@ -318,11 +320,7 @@ TEST(DaemonRankExec, SendRecvPlansListSenderThenReceiver) {
     SCOPED_TRACE("rank " + std::to_string(r));
     const auto calls = ranks[r]->rec.take();
     ASSERT_EQ(calls.size(), 2u);
-    ASSERT_EQ(calls[0].c.kind, CompletionKind::Handles);
-    ASSERT_EQ(calls[0].c.plan_header().handles, 1);
-    EXPECT_EQ(calls[0].c.plan_handle(0).slot, 1 - r);
-    EXPECT_EQ(calls[0].c.plan_handle(0).alloc_id, r == 0 ? 311u : 300u);
-    EXPECT_TRUE(handle_is(calls[0].c.plan_handle(0), r == 0 ? 0x62 : 0x51));
+    expect_one_handle(calls[0], 1 - r, r == 0 ? 311u : 300u, r == 0 ? 0x62 : 0x51);
     const auto& plan = calls[1].c;
     EXPECT_EQ(calls[1].token, static_cast<std::uint64_t>(r + 1));
     ASSERT_EQ(plan.kind, CompletionKind::Plan);
