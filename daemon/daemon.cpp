@@ -403,15 +403,8 @@ std::optional<std::string> Daemon::send_plans(const Match& m) {
   if (n > ipc::kPlanMaxMembers)
     return "smddp " + op + ": the rank-side GPU path runs groups of up to " + std::to_string(ipc::kPlanMaxMembers) +
            " ranks; this one has " + std::to_string(n) + " (set SMDDP_GPU_EXEC=daemon)";
-  for (const auto& p : m.posted) {
-    // Every member's GPU work reads the others' buffers: they must agree on the shape.
-    const auto& a = p.desc;
-    const auto& b = m.posted.front().desc;
-    if (a.count != b.count || a.dtype != b.dtype || a.reduce_op != b.reduce_op || a.root != b.root ||
-        (a.flags & ipc::kFlagSdp) != (b.flags & ipc::kFlagSdp))
-      if (a.op != OpType::Send && a.op != OpType::Recv)
-        return "smddp " + op + ": ranks called it with different counts, dtypes, reduce ops or roots";
-  }
+  // The matcher already made the members agree on op, dtype, count, reduce op and root, which
+  // is what lets each rank read the others' buffers.
   ipc::PlanHeader plan;
   plan.members = static_cast<std::uint16_t>(n);
   ipc::CompletionDesc final_c;
