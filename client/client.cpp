@@ -392,6 +392,14 @@ std::optional<std::array<std::uint8_t, 64>> ClientImpl::flag_block_of(int slot) 
   return h;
 }
 
+void ClientImpl::count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t copies) {
+  const auto i = static_cast<std::size_t>(op);
+  if (i >= static_cast<std::size_t>(ipc::kOpTypeCount)) return;
+  slot_.gpu_ops[i].fetch_add(1, std::memory_order_relaxed);
+  slot_.gpu_kernels[i].fetch_add(kernels, std::memory_order_relaxed);
+  slot_.gpu_copies.fetch_add(copies, std::memory_order_relaxed);
+}
+
 void ClientImpl::set_exec_handler(ExecHandler handler) {
   std::lock_guard lk(mu_);
   exec_handler_ = std::move(handler);

@@ -234,6 +234,13 @@ class Client {
   // client's lock held: it must be quick and must not call back into the client.
   using ExecHandler = std::function<void(std::uint64_t token, const ipc::CompletionDesc&)>;
   virtual void set_exec_handler(ExecHandler handler) { (void)handler; }
+  // Rank-side GPU execution: counts one operation of type `op` this rank's GPU ran, with the
+  // kernels and copies it launched, where the daemon's status shows them.
+  virtual void count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t copies) {
+    (void)op;
+    (void)kernels;
+    (void)copies;
+  }
 };
 using ClientPtr = std::shared_ptr<Client>;
 

@@ -117,6 +117,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void publish_flag_block(const std::array<std::uint8_t, 64>& handle) override;
   std::optional<std::array<std::uint8_t, 64>> flag_block_of(int slot) const override;
   void set_exec_handler(ExecHandler handler) override;
+  void count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t copies) override;
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
   std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);

@@ -7,6 +7,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/host_executor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/supervisor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gpu_stats.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/allreduce_rs_ag.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/reduce_scatter.cpp

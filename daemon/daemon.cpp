@@ -12,6 +12,7 @@
 
 #include "daemon/control/control_server.hpp"
 #include "daemon/cuda/gpu_executor.hpp"
+#include "daemon/gpu_stats.hpp"
 #include "daemon/version.hpp"
 #include "ipc/names.hpp"
 #include "ipc/validate.hpp"
@@ -708,7 +709,7 @@ void Daemon::update_status(Clock::time_point now) {
              {"ranks", std::move(ranks)},
              {"collectives_done", collectives_done_},
              {"bytes_moved", bytes_moved_},
-             {"kernel_launches", gpu_ ? gpu_->stats().kernel_launches : 0},
+             {"kernel_launches", (gpu_ ? gpu_->stats().kernel_launches : 0) + rank_gpu_stats(segment_).kernels},
              {"gpu", gpu_status()},
              {"recent_bandwidth_gbps", recent_gbps_},
              {"stalls", std::move(stalls)},
@@ -718,23 +719,30 @@ void Daemon::update_status(Clock::time_point now) {
 }
 
 nlohmann::json Daemon::gpu_status() const {
-  if (!gpu_) {
-    if (rank_exec_ops_)
-      return {{"enabled", true},
-              {"devices", "rank-side execution (each rank runs its part on its own GPU; the daemon launches nothing)"},
-              {"rank_side_operations", rank_exec_ops_}};
+  // Rank-side execution: the ranks count what their GPUs ran; the daemon's executor (if it
+  // ran anything) adds its own.
+  const auto ranks = rank_gpu_stats(segment_);
+  if (!gpu_ && ranks.ops == 0 && rank_exec_ops_ == 0)
     return {{"enabled", false}, {"why", gpu_tried_ ? gpu_off_ : std::string("not started (no CUDA request yet)")}};
+  nlohmann::json j = {{"enabled", true},
+                      {"rank_side_operations", rank_exec_ops_},
+                      {"kernel_launches", ranks.kernels},
+                      {"copies", ranks.copies},
+                      {"kernel_launches_by_op", ranks.kernels_by_op},
+                      {"operations_by_op", ranks.ops_by_op}};
+  if (!gpu_) {
+    j["devices"] = "rank-side execution (each rank runs its part on its own GPU; counts are per rank)";
+    return j;
   }
   const auto st = gpu_->stats();
-  return {{"enabled", true},
-          {"rank_side_operations", rank_exec_ops_},
-          {"devices", gpu_->describe()},
-          {"kernel_launches", st.kernel_launches},
-          {"copies", st.copies},
-          {"stream_flags", st.stream_values},
-          {"enqueue_us_total", st.enqueue_us},
-          {"kernel_launches_by_op", st.kernels_by_op},
-          {"operations_by_op", st.ops_by_op}};
+  j["devices"] = gpu_->describe();
+  j["kernel_launches"] = ranks.kernels + st.kernel_launches;
+  j["copies"] = ranks.copies + st.copies;
+  j["stream_flags"] = st.stream_values;
+  j["enqueue_us_total"] = st.enqueue_us;
+  for (const auto& [op, n] : st.kernels_by_op) j["kernel_launches_by_op"][op] = ranks.kernels_by_op.count(op) ? ranks.kernels_by_op.at(op) + n : n;
+  for (const auto& [op, n] : st.ops_by_op) j["operations_by_op"][op] = ranks.ops_by_op.count(op) ? ranks.ops_by_op.at(op) + n : n;
+  return j;
 }
 
 nlohmann::json Daemon::snapshot() const {

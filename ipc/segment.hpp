@@ -94,6 +94,11 @@ struct RankSlot {
   // by setting flag_block_published after the handle is written.
   std::uint8_t flag_block_handle[kCudaIpcHandleBytes] = {};
   std::atomic<std::uint32_t> flag_block_published{0};
+  // kFlagRankExec: what this rank's GPU ran, by operation type (index: OpType). Written by the
+  // rank only; the daemon, which launches nothing then, shows the sums in its status.
+  std::atomic<std::uint64_t> gpu_ops[kOpTypeCount] = {};
+  std::atomic<std::uint64_t> gpu_kernels[kOpTypeCount] = {};
+  std::atomic<std::uint64_t> gpu_copies{0};
 };
 inline constexpr std::size_t kFlagBlockBytes = 4096;  // >= (kMaxEvents + 1) * 8
 static_assert((kMaxEvents + 1) * 8 <= kFlagBlockBytes);

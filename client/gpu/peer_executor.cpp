@@ -360,6 +360,16 @@ void PeerExecutor::join() {
 void PeerExecutor::run(const Plan& p) {
   const LocalOp& l = p.local;
   const int n = static_cast<int>(p.members.size());
+  // What this op launched, for the daemon's status (counted whatever happens below).
+  struct Count {
+    PeerExecutor& x;
+    ipc::OpType op;
+    std::uint64_t kernels0 = x.stats_.kernel_launches, copies0 = x.stats_.copies;
+    ~Count() {
+      if (auto c = x.client_.lock())
+        c->count_gpu_work(op, x.stats_.kernel_launches - kernels0, x.stats_.copies - copies0);
+    }
+  } count{*this, l.op};
   ++stats_.ops;
   ++stats_.ops_by_op[std::string(ipc::to_string(l.op))];
   check(cudaStreamWaitEvent(stream_, l.ready, 0), "cudaStreamWaitEvent");

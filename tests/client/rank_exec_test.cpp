@@ -298,3 +298,23 @@ TEST(ClientRankExec, OtherOpsNeverReachTheHandler) {
   EXPECT_EQ(daemon.requests().at(0).flags & ipc::kFlagRankExec, 0u);
   EXPECT_TRUE(rec.calls().empty());
 }
+
+namespace {
+
+TEST(ClientRankExec, GpuWorkIsCountedInTheRanksSlotByOperation) {
+  const auto job = unique_job("rankexec-count");
+  FakeDaemon daemon(small_spec(job));
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  c->count_gpu_work(OpType::AllGather, 0, 2);
+  c->count_gpu_work(OpType::AllGather, 0, 2);
+  c->count_gpu_work(OpType::AllReduce, 1, 1);
+  const auto& slot = daemon.segment().slot(0);
+  EXPECT_EQ(slot.gpu_ops[static_cast<int>(OpType::AllGather)].load(), 2u);
+  EXPECT_EQ(slot.gpu_kernels[static_cast<int>(OpType::AllGather)].load(), 0u);
+  EXPECT_EQ(slot.gpu_ops[static_cast<int>(OpType::AllReduce)].load(), 1u);
+  EXPECT_EQ(slot.gpu_kernels[static_cast<int>(OpType::AllReduce)].load(), 1u);
+  EXPECT_EQ(slot.gpu_copies.load(), 5u);
+}
+
+}  // namespace
