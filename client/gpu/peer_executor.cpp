@@ -219,11 +219,6 @@ std::optional<std::string> PeerExecutor::take_error(std::uint64_t token) {
   return e;
 }
 
-PeerStats PeerExecutor::stats() const {
-  std::lock_guard lk(mu_);
-  return stats_;
-}
-
 std::uint64_t* PeerExecutor::peer_flags(int slot) {
   auto& f = peer_flags_.at(static_cast<std::size_t>(slot));
   if (f) return f;
@@ -311,7 +306,6 @@ void PeerExecutor::reduce(const std::vector<const void*>& inputs, void* out, std
     return;
   }
   ++stats_.kernel_launches;
-  ++stats_.kernels_by_op[std::string(ipc::to_string(l.op))];
 }
 
 void PeerExecutor::copy(void* dst, const void* src, std::uint64_t bytes) {
@@ -371,7 +365,6 @@ void PeerExecutor::run(const Plan& p) {
     }
   } count{*this, l.op};
   ++stats_.ops;
-  ++stats_.ops_by_op[std::string(ipc::to_string(l.op))];
   check(cudaStreamWaitEvent(stream_, l.ready, 0), "cudaStreamWaitEvent");
 
   // Every buffer first: a mapping that fails turns the op "dry" (barriers only), so the

@@ -48,13 +48,14 @@ struct LocalOp {
   cudaEvent_t ready = nullptr;  // from record_ready(): the inputs are written
 };
 
+// What this executor launched (the per-operation sums go to the daemon's status through
+// Client::count_gpu_work).
 struct PeerStats {
   std::uint64_t ops = 0;
   std::uint64_t kernel_launches = 0;
   std::uint64_t copies = 0;
   std::uint64_t barriers = 0;
   std::uint64_t mappings = 0;  // peer allocations opened
-  std::map<std::string, std::uint64_t> ops_by_op, kernels_by_op;
 };
 
 class PeerExecutor {
@@ -75,7 +76,6 @@ class PeerExecutor {
   // Why the op's GPU work could not run (it still took part in every barrier, so the other
   // ranks go on); nullopt when it ran.
   std::optional<std::string> take_error(std::uint64_t token);
-  PeerStats stats() const;
   int device() const noexcept { return device_; }
   cudaStream_t stream() const noexcept { return stream_; }
 
