@@ -694,6 +694,7 @@ void Daemon::update_status(Clock::time_point now) {
                       {"missing_ranks", s.missing_global_ranks}});
   const auto state = static_cast<ipc::DaemonState>(segment_.header().state.load(std::memory_order_acquire));
   std::lock_guard lk(status_mu_);
+  const nlohmann::json gpu = gpu_status();
   status_ = {{"version", kVersion},
              {"job_id", layout_.job_id},
              {"node_id", layout_.node_id},
@@ -709,8 +710,8 @@ void Daemon::update_status(Clock::time_point now) {
              {"ranks", std::move(ranks)},
              {"collectives_done", collectives_done_},
              {"bytes_moved", bytes_moved_},
-             {"kernel_launches", (gpu_ ? gpu_->stats().kernel_launches : 0) + rank_gpu_stats(segment_).kernels},
-             {"gpu", gpu_status()},
+             {"kernel_launches", gpu.value("kernel_launches", std::uint64_t{0})},  // the daemon's and the ranks'
+             {"gpu", gpu},
              {"recent_bandwidth_gbps", recent_gbps_},
              {"stalls", std::move(stalls)},
              {"job_error", job_error_}};

@@ -15,3 +15,14 @@ def gpu_ranks():
     count, up to 8), else 2."""
     import os
     return max(2, min(8, int(os.environ.get("SMDDP_TEST_NPROC", "2") or 2)))
+
+
+def gpu_count():
+    """CUDA GPUs the test Python sees (0 where torch or CUDA is missing)."""
+    import subprocess
+    try:
+        out = subprocess.run([python_exe(), "-c", "import torch; print(torch.cuda.device_count())"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
+        return int(out.stdout.strip() or 0)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0

@@ -2,23 +2,11 @@
 reference, with and without the SDP AllGather path, through smddprun and mpirun (torchrun
 is covered by scripts/bench_torch.py). Skips cleanly where there are fewer than 2 GPUs."""
 
-import subprocess
-
 import pytest
 
-from conftest import LAUNCHERS, gpu_ranks, python_exe, run_job
+from conftest import LAUNCHERS, gpu_count, gpu_ranks, run_job
 
-
-def _gpu_count():
-    try:
-        out = subprocess.run([python_exe(), "-c", "import torch; print(torch.cuda.device_count())"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
-        return int(out.stdout.strip() or 0)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return 0
-
-
-pytestmark = pytest.mark.skipif(_gpu_count() < gpu_ranks(),
+pytestmark = pytest.mark.skipif(gpu_count() < gpu_ranks(),
                                 reason="needs %d CUDA GPUs (GPU tests skip on CPU machines)" % gpu_ranks())
 
 

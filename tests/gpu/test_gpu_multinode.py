@@ -4,24 +4,13 @@ daemons' host path; every collective x dtype must match NCCL and the reference. 
 2 GPUs or without the fabric transport."""
 
 import os
-import subprocess
 
 import pytest
 
-from conftest import gpu_ranks, python_exe, run_job
-
-
-def _gpu_count():
-    try:
-        out = subprocess.run([python_exe(), "-c", "import torch; print(torch.cuda.device_count())"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120)
-        return int(out.stdout.strip() or 0)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return 0
-
+from conftest import gpu_count, gpu_ranks, run_job
 
 pytestmark = [
-    pytest.mark.skipif(_gpu_count() < gpu_ranks(),
+    pytest.mark.skipif(gpu_count() < gpu_ranks(),
                        reason="needs %d CUDA GPUs (GPU tests skip on CPU machines)" % gpu_ranks()),
     pytest.mark.skipif(os.environ.get("SMDDP_HAVE_FABRIC", "ON").upper() in ("OFF", "0", "FALSE"),
                        reason="this smddp build has no libfabric transport (jobs across nodes need it)"),

@@ -6,8 +6,10 @@
 
 #include "ipc/protocol.hpp"
 #include "ipc/validate.hpp"
+#include "tests/ipc/validate_expect.hpp"
 
 using namespace smddp::ipc;
+using smddp::ipc::testing::fails;
 
 namespace {
 
@@ -173,12 +175,6 @@ RequestDesc rank_exec_allreduce(std::uint64_t n = 8) {
   return d;
 }
 
-bool refused(const RequestDesc& d, const ValidationContext& c, const char* needle) {
-  auto err = validate_request(d, c);
-  if (!err) return false;
-  EXPECT_NE(err->find(needle), std::string::npos) << *err;
-  return true;
-}
 
 }  // namespace
 
@@ -211,14 +207,14 @@ TEST(ValidateRankExec, DeviceCollectivesWithTheFlagPass) {
 TEST(ValidateRankExec, CudaBuffersStillNeedCudaEnabled) {
   auto c = gpu_ctx();
   c.cuda_enabled = false;
-  EXPECT_TRUE(refused(rank_exec_allreduce(), c, "no GPU support"));
+  EXPECT_TRUE(fails(rank_exec_allreduce(), c, "no GPU support"));
 }
 
 TEST(ValidateRankExec, HostRequestWithTheFlagIsRefused) {
   auto d = rank_exec_allreduce();
   d.input = arena(0, 32);
   d.output = arena(64, 32);
-  EXPECT_TRUE(refused(d, gpu_ctx(), "rank-side GPU execution of a host request"));
+  EXPECT_TRUE(fails(d, gpu_ctx(), "rank-side GPU execution of a host request"));
   // Without the flag the same request is a valid host allreduce.
   d.flags = 0;
   EXPECT_EQ(validate_request(d, gpu_ctx()), std::nullopt);
@@ -226,7 +222,7 @@ TEST(ValidateRankExec, HostRequestWithTheFlagIsRefused) {
   RequestDesc b;
   b.op = OpType::Barrier;
   b.flags = kFlagRankExec;
-  EXPECT_TRUE(refused(b, gpu_ctx(), "rank-side GPU execution of a host request"));
+  EXPECT_TRUE(fails(b, gpu_ctx(), "rank-side GPU execution of a host request"));
 }
 
 TEST(ValidateRankExec, DaemonSideStreamFlagsAreRefused) {
@@ -234,11 +230,11 @@ TEST(ValidateRankExec, DaemonSideStreamFlagsAreRefused) {
   d.flags = kFlagRankExec | kFlagStreamValue;
   d.wait_event = 0;
   d.wait_value = 1;
-  EXPECT_TRUE(refused(d, gpu_ctx(), "rank-side GPU execution with daemon-side flags"));
+  EXPECT_TRUE(fails(d, gpu_ctx(), "rank-side GPU execution with daemon-side flags"));
   d.flags = kFlagRankExec | kFlagStreamValue | kFlagDeviceFlags;
-  EXPECT_TRUE(refused(d, gpu_ctx(), "rank-side GPU execution with daemon-side flags"));
+  EXPECT_TRUE(fails(d, gpu_ctx(), "rank-side GPU execution with daemon-side flags"));
   d.flags = kFlagRankExec | kFlagStreamValue | kFlagDaemonCpuWait;
-  EXPECT_TRUE(refused(d, gpu_ctx(), "rank-side GPU execution with daemon-side flags"));
+  EXPECT_TRUE(fails(d, gpu_ctx(), "rank-side GPU execution with daemon-side flags"));
   // The same stream-flag request without kFlagRankExec is valid: the refusal is the flag's.
   d.flags = kFlagStreamValue;
   EXPECT_EQ(validate_request(d, gpu_ctx()), std::nullopt);
@@ -254,5 +250,5 @@ TEST(ValidateRankExec, AllToAllWithSplitsIsRefused) {
   d.aux = arena(0, 4 * 2 * 8);  // the split table (2 * group size int64) in the arena
   EXPECT_EQ(validate_request(d, gpu_ctx()), std::nullopt) << "the request is valid without the flag";
   d.flags |= kFlagRankExec;
-  EXPECT_TRUE(refused(d, gpu_ctx(), "rank-side GPU execution of alltoall with splits"));
+  EXPECT_TRUE(fails(d, gpu_ctx(), "rank-side GPU execution of alltoall with splits"));
 }

@@ -2,8 +2,10 @@
 
 #include "ipc/segment.hpp"
 #include "ipc/validate.hpp"
+#include "tests/ipc/validate_expect.hpp"
 
 using namespace smddp::ipc;
+using smddp::ipc::testing::fails;
 
 namespace {
 ValidationContext ctx(int size = 4, int rank = 1) {
@@ -29,12 +31,6 @@ RequestDesc allreduce(std::uint64_t n = 8) {
   d.input = arena(0, n * 4);
   d.output = arena(0, n * 4);
   return d;
-}
-bool fails(const RequestDesc& d, const ValidationContext& c, const char* needle) {
-  auto err = validate_request(d, c);
-  if (!err) return false;
-  EXPECT_NE(err->find(needle), std::string::npos) << *err;
-  return true;
 }
 }  // namespace
 
