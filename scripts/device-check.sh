@@ -4,7 +4,7 @@
 # they skip on a CPU machine), then the benchmarks when asked, and writes every log plus a
 # JSON summary under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [--quick] [--all-gpus] [--no-bench] [--only LABELS]
+#   scripts/device-check.sh [--quick] [--all-gpus] [--no-bench] [--mpirun-training] [--only LABELS]
 #
 # --quick fits one 10-minute device call (about 8 minutes on 2xH200): it builds only what the
 # GPU path needs, runs the GPU suites through smddprun only (and across 2 simulated nodes), then the benchmark sweep (16 B to
@@ -17,6 +17,7 @@ OUT="${OUT:-$here/device-out}"
 mkdir -p "$OUT"
 bench=1
 quick=0
+mpirun_training=0
 labels='unit|integration|python|gpu'
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -24,6 +25,7 @@ while [ $# -gt 0 ]; do
     # GPU suites on every GPU of the machine (up to 8) instead of 2 (issue 6: 4 or 8 GPUs).
     --all-gpus) export SMDDP_TEST_NPROC="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" ;;
     --no-bench) bench=0 ;;
+    --mpirun-training) mpirun_training=1 ;;
     --only) labels="$2"; shift ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
@@ -60,10 +62,18 @@ if [ "$quick" -eq 1 ]; then
     pytest_args=(-x -q -rs -p no:cacheprovider)
     step gpu_collectives "${gpu_env[@]}" timeout 150 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_collectives.py -k "smddprun or expandable"
-    step gpu_training "${gpu_env[@]}" timeout 150 "$py" -m pytest "${pytest_args[@]}" \
-      tests/gpu/test_gpu_training.py -k smddprun
+    step gpu_training "${gpu_env[@]}" timeout 240 "$py" -m pytest "${pytest_args[@]}" \
+      tests/gpu/test_gpu_training.py -k "smddprun or torchrun"
+    # Where a small all-reduce's time goes (CPU issue and wait, GPU drain), from rank 0.
+    step latency_probe env PYTHONPATH="$build/python" SMDDP_BIN_DIR="$build/bin" timeout 90 \
+      "$build/bin/smddprun" --daemon "$build/bin/smddp-daemon" --nproc-per-node 2 -- "$py" tests/gpu/latency_probe.py
     step gpu_multinode "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$([ -e "$build/daemon/transport/libsmddp_transport.a" ] && echo ON || echo OFF)" \
       timeout 120 "$py" -m pytest "${pytest_args[@]}" tests/gpu/test_gpu_multinode.py
+    if [ "$mpirun_training" -eq 1 ]; then
+      # Plain mpirun (the plugin starts the daemon); the ranks print their stacks if it is slow.
+      step gpu_training_mpirun "${gpu_env[@]}" SMDDP_TEST_STACKS_AFTER=150 timeout 200 "$py" -m pytest \
+        "${pytest_args[@]}" tests/gpu/test_gpu_training.py -k mpirun
+    fi
     if [ "$bench" -eq 1 ]; then
       mkdir -p "$OUT/bench"
       step bench_sweep timeout 200 "$py" scripts/bench_torch.py --build "$build" --min 16 --max 1G \

@@ -12,6 +12,10 @@ import torch.distributed as dist
 
 from common import Checker, close, init
 
+# Imported first: it maps the launcher's variables (mpirun's OMPI_COMM_WORLD_LOCAL_RANK) to
+# LOCAL_RANK, which picks this rank's GPU.
+import smdistributed.dataparallel.torch.torch_smddp  # noqa: E402,F401
+
 local = int(os.environ.get("LOCAL_RANK", "0"))
 if os.environ.get("SMDDP_TEST_GPU_BY_RANK") == "1":
     # Simulated nodes share one machine: every node's local rank 0 would pick GPU 0.

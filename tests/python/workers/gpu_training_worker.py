@@ -3,14 +3,24 @@ and bf16 autocast), FSDP1 FULL_SHARD and FSDP2 fully_shard, once over an smddp g
 over an NCCL group of the same job, from the same seed and data. The per-step losses (and
 FSDP2's full_tensor() parameters) must agree (fp32: rtol 1e-5)."""
 
+import faulthandler
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from common import Checker, init
+
+# A run cut by its time limit says where every rank was (SMDDP_TEST_STACKS_AFTER seconds).
+if os.environ.get("SMDDP_TEST_STACKS_AFTER"):
+    faulthandler.dump_traceback_later(float(os.environ["SMDDP_TEST_STACKS_AFTER"]), exit=False)
+T0 = time.time()
+# Imported first: it maps the launcher's variables (mpirun's OMPI_COMM_WORLD_LOCAL_RANK) to
+# LOCAL_RANK, which picks this rank's GPU.
+import smdistributed.dataparallel.torch.torch_smddp  # noqa: E402,F401
 
 local = int(os.environ.get("LOCAL_RANK", "0"))
 torch.cuda.set_device(local)
@@ -76,6 +86,8 @@ def train(kind, group):
 
 def parity(kind):
     a, pa = train(kind, smddp)
+    if rank == 0:
+        print("%s: smddp done at %.1f s" % (kind, time.time() - T0), flush=True)
     b, pb = train(kind, nccl)
     ta, tb = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
     if not torch.allclose(ta, tb, rtol=1e-5, atol=0):
