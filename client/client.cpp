@@ -861,6 +861,11 @@ class CommImpl final : public Communicator {
     p.rank_exec = c.rank_exec;
     p.exec_token = c.exec_token;
     if (c.rank_exec) p.base.flags |= ipc::kFlagRankExec;
+    if (c.fast) {
+      if (c.rank_exec || c.input || c.output || c.stream_value || c.wait_event != -1 || !c.splits.empty())
+        throw Error(Status::InvalidRequest, "a fast-path request carries no buffers, events or plans");
+      p.base.flags |= ipc::kFlagRankFast;
+    }
     if (c.stream_value) p.base.flags |= ipc::kFlagStreamValue;
     if (c.stream_value && c.device_flags) p.base.flags |= ipc::kFlagDeviceFlags;
     if (c.stream_value && !c.device_flags && c.daemon_cpu_wait) p.base.flags |= ipc::kFlagDaemonCpuWait;

@@ -88,6 +88,9 @@ struct DeviceCall {
   // client's exec handler with this token; the caller runs the GPU work itself.
   bool rank_exec = false;
   std::uint64_t exec_token = 0;
+  // The ranks' fast path (ipc::kFlagRankFast): the caller already enqueued the GPU work; the
+  // request carries no buffers and its completion only says whether the members agreed.
+  bool fast = false;
 };
 
 struct CallOptions {

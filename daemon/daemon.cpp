@@ -330,6 +330,26 @@ void Daemon::resolve(std::vector<Match> matches) {
   for (auto& m : matches) {
     std::vector<cuda::DoneMark> events;  // GPU path: what marks each member's part done
     const OpType op = m.posted.empty() ? OpType::Barrier : m.posted.front().desc.op;
+    const auto fast = [](const Posted& p) { return (p.desc.flags & ipc::kFlagRankFast) != 0; };
+    if (m.status == Status::Ok && m.comm && std::any_of(m.posted.begin(), m.posted.end(), fast)) {
+      // The ranks' fast path: their GPUs already run it; the match is the check.
+      std::optional<std::string> err;
+      if (!std::all_of(m.posted.begin(), m.posted.end(), fast))
+        err = "smddp " + std::string(ipc::to_string(op)) +
+              ": ranks disagree on the GPU fast path (one passed a CUDA tensor that takes it, another did not; "
+              "SMDDP_FAST_MAX_BYTES must be the same on every rank)";
+      else if (engine_ && engine_->spans_nodes(*m.comm))
+        err = "smddp " + std::string(ipc::to_string(op)) + ": the GPU fast path is for groups within one node";
+      if (!err) {
+        ++collectives_done_;
+        ++rank_exec_ops_;
+        ++fast_ops_;
+        for (const auto& p : m.posted) complete(p, Status::Ok, {});
+        continue;
+      }
+      m.status = Status::Mismatch;
+      m.error = *err;
+    }
     if (m.status == Status::Ok && m.comm && engine_ && engine_->spans_nodes(*m.comm) && op != OpType::CommCreate &&
         op != OpType::Send && op != OpType::Recv) {
       if (std::any_of(m.posted.begin(), m.posted.end(), [](const Posted& p) { return cuda::is_device_request(p.desc); })) {
@@ -727,6 +747,7 @@ nlohmann::json Daemon::gpu_status() const {
     return {{"enabled", false}, {"why", gpu_tried_ ? gpu_off_ : std::string("not started (no CUDA request yet)")}};
   nlohmann::json j = {{"enabled", true},
                       {"rank_side_operations", rank_exec_ops_},
+                      {"fast_path_operations", fast_ops_},
                       {"kernel_launches", ranks.kernels},
                       {"copies", ranks.copies},
                       {"kernel_launches_by_op", ranks.kernels_by_op},

@@ -114,6 +114,7 @@ class Daemon {
   // Which IPC handle each receiving slot was last sent for (owner slot, allocation id).
   std::map<std::tuple<int, int, std::uint64_t>, std::array<std::uint8_t, ipc::kCudaIpcHandleBytes>> handles_sent_;
   std::uint64_t rank_exec_ops_ = 0;
+  std::uint64_t fast_ops_ = 0;  // of those, the ranks' fast path (kFlagRankFast)
 
   JobLayout layout_;
   DaemonConfig config_;

@@ -56,9 +56,15 @@ inline constexpr std::uint32_t kFlagDaemonCpuWait = 1u << 6;
 // flags in the ranks' GPU flag blocks. No GPU work runs in the daemon, so no GPU is
 // time-sliced between two processes' contexts. wait_event/wait_value are unused.
 inline constexpr std::uint32_t kFlagRankExec = 1u << 7;
+// GPU path, the ranks' fast path (small AllReduce, AllGather and ReduceScatter of a group
+// within one node; client/gpu/peer_executor.hpp): the ranks already enqueued the work, each
+// against the others' staging buffers, when they post this. It carries no buffers; the
+// daemon matches and checks it like any collective and answers with a plain completion
+// (an error when the members disagree, which makes the ranks release their waiting kernels).
+inline constexpr std::uint32_t kFlagRankFast = 1u << 8;
 inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
                                              kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait |
-                                             kFlagRankExec;
+                                             kFlagRankExec | kFlagRankFast;
 
 struct RequestDesc {
   std::uint64_t request_id = 0;  // client-chosen, echoed in the completion

@@ -26,7 +26,7 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 3;  // 3: completion kinds and rank-side plans
+inline constexpr std::uint32_t kLayoutVersion = 4;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;

@@ -138,6 +138,17 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
   }
   if (!(r.scale == r.scale)) return bad("scale is NaN");
 
+  if (r.flags & kFlagRankFast) {
+    // The ranks moved the bytes themselves: nothing for the daemon to read or write.
+    if (r.op != OpType::AllReduce && r.op != OpType::AllGather && r.op != OpType::ReduceScatter)
+      return bad("the fast path takes allreduce, allgather and reduce_scatter only");
+    if (r.input.kind != BufferKind::None || r.output.kind != BufferKind::None || r.aux.kind != BufferKind::None)
+      return bad("a fast-path request carries no buffers");
+    if (r.flags & ~(kFlagRankFast | kFlagInPlace | kFlagLastChunk)) return bad("the fast path takes no other flags");
+    if (r.wait_event != -1) return bad("a fast-path request carries no CUDA event");
+    if (r.count == 0) return bad("an empty fast-path request");
+    return std::nullopt;
+  }
   const auto want = expected_bytes(r, ctx.group_size, ctx.group_rank);
   if (!want) return bad("buffer size overflows");
   const std::size_t elem = r.op == OpType::CommCreate ? 4 : dtype_size(r.dtype);

@@ -7,6 +7,8 @@
 #include <map>
 #include <unordered_map>
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "ipc/segment.hpp"
 #include "torch_plugin/errors.hpp"
@@ -467,14 +469,96 @@ void CudaPath::release_event(int index) {
   impl_->free_events[impl_->events[static_cast<std::size_t>(index)].device].push_back(index);
 }
 
+struct CudaPath::FastMark {
+  cudaEvent_t event = nullptr;
+  std::weak_ptr<client::gpu::PeerExecutor> exec;  // its event pool
+  ~FastMark() {
+    if (auto x = exec.lock()) x->release_event(event);
+  }
+};
+
+bool CudaPath::fast_eligible(const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out,
+                             double scale, int group_size) const {
+  if (!impl_->rank_exec || group_size < 2) return false;
+  client::gpu::FastOp f;
+  f.op = call.op;
+  f.dtype = call.dtype;
+  f.reduce_op = call.reduce_op;
+  f.scale = scale;
+  f.count = call.count;
+  f.in = in.data_ptr();
+  f.out = out.data_ptr();
+  f.slots.assign(static_cast<std::size_t>(group_size), 0);
+  return client::gpu::PeerExecutor::fast_eligible(f);
+}
+
+std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device device, const client::DeviceCall& call,
+                                                       const at::Tensor& in, const at::Tensor& out, double scale,
+                                                       const std::vector<int>& slots, int me,
+                                                       const std::function<std::optional<std::string>()>& posted_error) {
+  c10::cuda::CUDAGuard g(device);
+  std::shared_ptr<client::gpu::PeerExecutor> x;
+  {
+    std::lock_guard lk(impl_->mu);
+    impl_->executor(device.index());
+    x = impl_->exec;
+  }
+  client::gpu::FastOp f;
+  f.op = call.op;
+  f.dtype = call.dtype;
+  f.reduce_op = call.reduce_op;
+  f.scale = scale;
+  f.count = call.count;
+  f.in = in.data_ptr();
+  f.out = out.data_ptr();
+  f.slots = slots;
+  f.me = me;
+  const auto fail = [&](const std::string& why) -> std::shared_ptr<FastMark> {
+    throw SmddpException(ErrorKind::Internal, "smddp " + std::string(ipc::to_string(call.op)) + ": " + why);
+  };
+  try {
+    // Only before the first fast op of a member that has not started its GPU path yet.
+    for (int spin = 0; !x->fast_off() && !x->fast_ready(slots); ++spin) {
+      if (auto why = posted_error()) return fail(*why);
+      std::this_thread::sleep_for(std::chrono::microseconds(spin < 100 ? 10 : 1000));
+    }
+    auto mark = std::make_shared<FastMark>();
+    mark->event = x->run_fast(f, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+    mark->exec = x;
+    return mark;
+  } catch (const SmddpException&) {
+    throw;
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
+void CudaPath::block_current_stream(const std::shared_ptr<FastMark>& mark, c10::Device device) {
+  if (!mark) return;
+  c10::cuda::CUDAGuard g(device);
+  check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), mark->event, 0),
+        "cudaStreamWaitEvent");
+}
+
+void CudaPath::release_fast() {
+  std::shared_ptr<client::gpu::PeerExecutor> x;
+  {
+    std::lock_guard lk(impl_->mu);
+    x = impl_->exec;
+  }
+  if (x) x->release_fast();
+}
+
 std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device device, const std::vector<DoneMark>& daemon_done,
                                                    const std::vector<at::Tensor>& used,
-                                                   const std::function<void()>& body) {
+                                                   const std::function<void()>& body,
+                                                   const std::shared_ptr<FastMark>& after) {
   c10::cuda::CUDAGuard g(device);
   std::optional<c10::cuda::CUDAStream> stream;
   {
     std::lock_guard lk(impl_->mu);
     stream = impl_->completion_stream(device.index());
+    if (after) check(cudaStreamWaitEvent(stream->stream(), after->event, 0), "cudaStreamWaitEvent");
     for (const auto& d : daemon_done) {
       if (d.value > 0) {
         // The daemon's GPU writes the done flag after the work; wait for it on our GPU.
@@ -587,10 +671,21 @@ std::optional<std::string> CudaPath::run_rank_exec(std::uint64_t) { return std::
 void* CudaPath::staging_ptr(const std::shared_ptr<Staging>&) { return nullptr; }
 void CudaPath::release_event(int) {}
 std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device, const std::vector<DoneMark>&, const std::vector<at::Tensor>&,
-                                                   const std::function<void()>& body) {
+                                                   const std::function<void()>& body, const std::shared_ptr<FastMark>&) {
   body();
   return nullptr;
 }
+struct CudaPath::FastMark {};
+bool CudaPath::fast_eligible(const client::DeviceCall&, const at::Tensor&, const at::Tensor&, double, int) const {
+  return false;
+}
+std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device, const client::DeviceCall&, const at::Tensor&,
+                                                       const at::Tensor&, double, const std::vector<int>&, int,
+                                                       const std::function<std::optional<std::string>()>&) {
+  return nullptr;
+}
+void CudaPath::block_current_stream(const std::shared_ptr<FastMark>&, c10::Device) {}
+void CudaPath::release_fast() {}
 void CudaPath::block_current_stream(const std::shared_ptr<Done>&, c10::Device) {}
 struct CudaPath::Staging {};
 std::shared_ptr<CudaPath::Staging> CudaPath::stage_in(c10::Device, std::size_t, const at::Tensor*) { return nullptr; }

@@ -56,8 +56,11 @@ class CudaPath {
   // `body` with that stream current (epilogue copies, Future completion), then records the
   // Work's done event there. Returns that event (opaque), waited on by block_on_done().
   struct Done;
+  struct FastMark;  // see the fast path below
+  // `after`: a fast op's mark, waited for as well.
   std::shared_ptr<Done> complete(c10::Device device, const std::vector<DoneMark>& daemon_done,
-                                 const std::vector<at::Tensor>& used, const std::function<void()>& body);
+                                 const std::vector<at::Tensor>& used, const std::function<void()>& body,
+                                 const std::shared_ptr<FastMark>& after = nullptr);
   // Makes the caller's current stream on `device` wait for `done`.
   static void block_current_stream(const std::shared_ptr<Done>& done, c10::Device device);
 
@@ -72,6 +75,22 @@ class CudaPath {
   // returns why `token`'s GPU work could not run, if it could not.
   std::optional<std::string> run_rank_exec(std::uint64_t token);
 
+  // The fast path (client/gpu/peer_executor.hpp): small AllReduce, AllGather and
+  // ReduceScatter of a group within one node run as one kernel, enqueued at once, with no
+  // plan awaited. Whether `call` on these tensors takes it: the same answer on every member.
+  bool fast_eligible(const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out, double scale,
+                     int group_size) const;
+  // FastMark: what marks a fast op done on the GPU (an event after its kernel).
+  // Enqueues the fast op after the current stream's work. The caller already posted its
+  // request; until every member published its flag allocation (each does before posting
+  // its first GPU request) this waits, and `posted_error` says whether the request failed.
+  std::shared_ptr<FastMark> run_fast(c10::Device device, const client::DeviceCall& call, const at::Tensor& in,
+                                     const at::Tensor& out, double scale, const std::vector<int>& slots, int me,
+                                     const std::function<std::optional<std::string>()>& posted_error);
+  static void block_current_stream(const std::shared_ptr<FastMark>& mark, c10::Device device);
+  // A fast op failed: every kernel of this rank waiting for a peer goes on, and the fast
+  // path is off on this rank from now on (the others see the same failure).
+  void release_fast();
   // Staging for memory that cannot be exported (PYTORCH_CUDA_ALLOC_CONF=expandable_segments):
   // a cudaMalloc'ed buffer the daemon can map, reused once the operation that last used it
   // is done on the GPU (the caller's stream waits for that before copying in).

@@ -115,7 +115,8 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(const Config& config, std::shared_ptr<clien
       comm_(std::move(comm)),
       timeout_(config.timeout),
       group_id_(config.group_id),
-      sdp_allgather_(env_true("SMDATAPARALLEL_OPTIMIZE_SDP")) {}
+      sdp_allgather_(env_true("SMDATAPARALLEL_OPTIMIZE_SDP")),
+      world_(config.global_ranks.empty()) {}
 
 ProcessGroupSMDDP::~ProcessGroupSMDDP() {
   comm_.reset();
@@ -131,6 +132,11 @@ c10::intrusive_ptr<WorkSMDDP> ProcessGroupSMDDP::make_work(c10d::OpType type, co
 
 template <typename Body>
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::run(const c10::intrusive_ptr<WorkSMDDP>& work, Body&& body) {
+  // An earlier operation failed after its wait() had returned (GPU fast path): say so now.
+  if (auto e = async_errors_->first()) {
+    std::rethrow_exception(e);
+  }
+  work->set_async_errors(async_errors_);
   try {
     body(*work);
   } catch (const client::Error& e) {
@@ -172,6 +178,11 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
   }
   if (spans_nodes(call)) {
     return host_staged_call(w, call, in, out, co);
+  }
+  if (world_ && in && out && in->numel() > 0 && out->numel() > 0 && call.splits.empty() &&
+      client_->num_nodes() == 1 && !(call.op == client::OpType::AllGather && co.sdp) &&
+      cuda_path_->fast_eligible(call, *in, *out, co.scale, comm_->size())) {
+    return fast_call(w, std::move(call), *in, *out, co);
   }
   const auto bytes_of = [](const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); };
   // In place (allreduce, a broadcast root): one buffer for both roles.
@@ -224,6 +235,24 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
     }
   }
   return comm_->device_op(call, co);
+}
+
+client::WorkPtr ProcessGroupSMDDP::fast_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor& in,
+                                             const at::Tensor& out, const client::CallOptions& co) {
+  call.fast = true;
+  auto op = comm_->device_op(call, co);
+  // One node: local ranks are the global ones.
+  const std::vector<int>& slots = comm_->global_ranks();
+  auto mark = cuda_path_->run_fast(in.device(), call, in, out, co.scale, slots, comm_->rank(),
+                                   [&op]() -> std::optional<std::string> {
+                                     if (op->done() && op->status() != client::Status::Ok) {
+                                       return op->error();
+                                     }
+                                     return std::nullopt;
+                                   });
+  w.keep_alive(in);
+  w.set_fast(std::move(mark));
+  return op;
 }
 
 bool ProcessGroupSMDDP::spans_nodes(const client::DeviceCall& call) const {

@@ -110,6 +110,10 @@ class ProcessGroupSMDDP : public BackendBase {
                                    const at::Tensor* out, const client::CallOptions& co);
   client::WorkPtr device_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor* in, const at::Tensor* out,
                               const client::CallOptions& co);
+  // The GPU fast path (gpu::CudaPath::fast_eligible): posts the request, then enqueues the
+  // kernel at once.
+  client::WorkPtr fast_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor& in, const at::Tensor& out,
+                            const client::CallOptions& co);
   client::CallOptions call_options(std::chrono::milliseconds timeout, double scale = 1.0) const;
 
   // Shared helpers of the single-tensor and coalesced forms.
@@ -123,6 +127,10 @@ class ProcessGroupSMDDP : public BackendBase {
   std::chrono::milliseconds timeout_;
   std::string group_id_;
   bool sdp_allgather_ = false;  // SMDATAPARALLEL_OPTIMIZE_SDP
+  // The world group: the only one that takes the GPU fast path (every member numbers its
+  // fast ops alike only within one group; see client/gpu/peer_executor.hpp).
+  bool world_ = false;
+  std::shared_ptr<AsyncErrors> async_errors_ = std::make_shared<AsyncErrors>();
   std::shared_ptr<gpu::CudaPath> cuda_path_;  // created on the first CUDA call
   std::atomic<std::uint64_t> sequence_{0};
 

@@ -119,6 +119,11 @@ void WorkSMDDP::finalize() {
       try {
         std::vector<at::Tensor> used = keep_alive_;
         used.insert(used.end(), outputs_.begin(), outputs_.end());
+        std::shared_ptr<gpu::CudaPath::FastMark> fast;
+        {
+          std::lock_guard lock(state_mutex_);
+          fast = fast_;
+        }
         done_ = cuda_->complete(cuda_device_, daemon_events, used, [&] {
           for (const auto& [s, to] : staging_) {
             if (to.defined()) {
@@ -133,10 +138,15 @@ void WorkSMDDP::finalize() {
           }
           future_->markCompleted(c10::IValue(outputs_));
           future_done = true;
-        });
+        }, fast);
       } catch (...) {
         error = std::current_exception();
       }
+    }
+    if (error && fast_) {
+      // The members disagreed, one died or timed out: a kernel of this rank may wait for a
+      // peer's flag that never comes.
+      cuda_->release_fast();
     }
     for (auto& [s, to] : staging_) {
       cuda_->release_staging(s, done_);
@@ -167,6 +177,10 @@ void WorkSMDDP::finalize() {
   {
     std::lock_guard lock(state_mutex_);
     finalized_ = true;
+    fast_.reset();  // its event goes back to the pool (every wait on it is enqueued by now)
+    if (error && waited_async_ && async_errors_) {
+      async_errors_->note(error);
+    }
     listeners.swap(listeners_);
   }
   for (auto& cb : listeners) {
@@ -209,7 +223,14 @@ std::vector<at::Tensor> WorkSMDDP::result() { return outputs_; }
 void WorkSMDDP::synchronize() {
   // Host path: the outputs are final once the work completed. GPU path: the caller's
   // current stream waits for the daemon's work (and our epilogue), as ProcessGroupNCCL's.
-  if (cuda_ && done_) {
+  std::shared_ptr<gpu::CudaPath::FastMark> fast;
+  {
+    std::lock_guard lock(state_mutex_);
+    if (!finalized_) fast = fast_;
+  }
+  if (fast) {
+    gpu::CudaPath::block_current_stream(fast, cuda_device_);
+  } else if (cuda_ && done_) {
     gpu::CudaPath::block_current_stream(done_, cuda_device_);
   }
   for (auto& child : sync_children_) {
@@ -244,11 +265,30 @@ void WorkSMDDP::add_input_event(int index) {
   input_events_.push_back(index);
 }
 
+void WorkSMDDP::set_fast(std::shared_ptr<gpu::CudaPath::FastMark> mark) {
+  std::lock_guard lock(state_mutex_);
+  fast_ = std::move(mark);
+}
+
+void WorkSMDDP::set_async_errors(std::shared_ptr<AsyncErrors> errors) { async_errors_ = std::move(errors); }
+
+bool WorkSMDDP::stream_only_locked() const {
+  return fast_ && ops_.size() == 1 && children_.empty() && !epilogue_ && staging_.empty() && host_outputs_.empty();
+}
+
 bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
   std::vector<client::WorkPtr> ops;
   std::vector<c10::intrusive_ptr<WorkSMDDP>> children;
   {
     std::lock_guard lock(state_mutex_);
+    if (!finalized_ && stream_only_locked()) {
+      // The fast path's kernel is enqueued: order the caller's stream after it and return,
+      // as ProcessGroupNCCL does; the daemon's check of the op reports any failure later.
+      waited_async_ = true;
+      auto fast = fast_;
+      gpu::CudaPath::block_current_stream(fast, cuda_device_);
+      return true;
+    }
     ops = ops_;
     children = children_;
   }

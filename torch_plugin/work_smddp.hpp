@@ -20,6 +20,24 @@
 
 namespace smddp::torch_plugin {
 
+// The first failure of an operation whose wait() had already returned (the GPU fast path's
+// wait() only orders the caller's stream): the process group raises it at its next call.
+class AsyncErrors {
+ public:
+  void note(std::exception_ptr e) {
+    std::lock_guard lock(mu_);
+    if (!first_) first_ = std::move(e);
+  }
+  std::exception_ptr first() const {
+    std::lock_guard lock(mu_);
+    return first_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::exception_ptr first_;
+};
+
 class WorkSMDDP : public c10d::Work {
  public:
   // `op_name` names the call in error messages ("allreduce"); `outputs` are what result()
@@ -63,6 +81,11 @@ class WorkSMDDP : public c10d::Work {
   // Across nodes: a pinned host tensor the collective wrote, copied into `to` (CUDA) on
   // completion, before the epilogue.
   void add_host_output(at::Tensor host, at::Tensor to);
+  // The GPU fast path: the op's kernel is already enqueued; `mark` follows it. If this work is
+  // that one op alone, wait() only makes the caller's stream wait for it (as NCCL's), and a
+  // failure reported later goes to `errors`.
+  void set_fast(std::shared_ptr<gpu::CudaPath::FastMark> mark);
+  void set_async_errors(std::shared_ptr<AsyncErrors> errors);
 
  private:
   void child_done();
@@ -94,6 +117,11 @@ class WorkSMDDP : public c10d::Work {
   std::vector<c10::intrusive_ptr<WorkSMDDP>> sync_children_;
   std::vector<std::pair<std::shared_ptr<gpu::CudaPath::Staging>, at::Tensor>> staging_;
   std::vector<std::pair<at::Tensor, at::Tensor>> host_outputs_;  // (host, cuda)
+  std::shared_ptr<gpu::CudaPath::FastMark> fast_;  // until finalize()
+  bool waited_async_ = false;  // wait() returned before finalize(): report failures later
+  std::shared_ptr<AsyncErrors> async_errors_;
+  // The work is one fast op with nothing to do on completion (state_mutex_ held).
+  bool stream_only_locked() const;
 };
 
 }  // namespace smddp::torch_plugin

@@ -204,6 +204,9 @@ std::string format_status_text(const json& status) {
   if (const json* gpu = field(status, "gpu"); gpu && gpu->is_object()) {
     if (gpu->value("enabled", false)) {
       out << "  gpu:           " << gpu->value("devices", std::string("?")) << "\n";
+      if (gpu->contains("fast_path_operations"))
+        out << "    rank-side operations: " << text(*gpu, "rank_side_operations") << ", of which fast path "
+            << text(*gpu, "fast_path_operations") << " (one kernel each, no plan awaited)\n";
       const json& by_op = gpu->contains("operations_by_op") ? (*gpu)["operations_by_op"] : json::object();
       const json& kernels = gpu->contains("kernel_launches_by_op") ? (*gpu)["kernel_launches_by_op"] : json::object();
       for (auto it = by_op.begin(); it != by_op.end(); ++it) {

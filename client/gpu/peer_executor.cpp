@@ -62,6 +62,27 @@ class DeviceScope {
   int prev_ = 0;
 };
 
+// The flag allocation every rank publishes: the flag block (stream flags, plan barriers),
+// then the fast path's flags (row w written by local rank w, one word per thread block),
+// then its two staging buffers (by sequence parity).
+constexpr std::size_t kFastFlagsOffset = ipc::kFlagBlockBytes;
+constexpr std::size_t kFastFlagsBytes = std::size_t{ipc::kMaxLocalRanks} * daemon::cuda::kFastMaxBlocks * 8;
+constexpr std::size_t kFastStageOffset = kFastFlagsOffset + kFastFlagsBytes;
+constexpr std::uint64_t kFastStageBytes = 2ull << 20;
+constexpr std::size_t kFlagAllocBytes = kFastStageOffset + 2 * kFastStageBytes;
+static_assert(kFastStageOffset % 256 == 0);
+
+// Fast-path ops up to this many input bytes (SMDDP_FAST_MAX_BYTES; 0 turns the path off).
+// Above it, the plan's one-shot and two-shot schedules move more bytes per second.
+std::uint64_t fast_max_bytes() {
+  static const std::uint64_t v = [] {
+    const char* e = std::getenv("SMDDP_FAST_MAX_BYTES");
+    const std::uint64_t want = e && *e ? std::strtoull(e, nullptr, 10) : (1ull << 20);
+    return std::min<std::uint64_t>(want, kFastStageBytes);
+  }();
+  return v;
+}
+
 // Null stays null, so a missing buffer is caught before any GPU work uses it.
 std::byte* at(void* p, std::uint64_t off) { return p ? static_cast<std::byte*>(p) + off : nullptr; }
 
@@ -95,9 +116,17 @@ PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cu
   check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, hi), "cudaStreamCreate");
   check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
   check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaStreamCreateWithPriority(&fast_stream_, cudaStreamNonBlocking, hi), "cudaStreamCreate");
+  check(cudaStreamCreateWithFlags(&rescue_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   // Outside any caching allocator, so it can be exported whatever PYTORCH_CUDA_ALLOC_CONF says.
-  check(cudaMalloc(&flag_block_, ipc::kFlagBlockBytes), "cudaMalloc of the smddp flag block");
-  check(cudaMemset(flag_block_, 0, ipc::kFlagBlockBytes), "cudaMemset of the smddp flag block");
+  check(cudaMalloc(&flag_block_, kFlagAllocBytes), "cudaMalloc of the smddp flag block");
+  check(cudaMemset(flag_block_, 0, kFastStageOffset), "cudaMemset of the smddp flag block");
+  // Now, not at a first launch: with lazy loading that may wait for the context to go idle
+  // while a fast kernel spins on a peer's flag (see preload_kernels).
+  check(daemon::cuda::preload_kernels(), "loading the smddp kernels");
+  // The one-shot scratch too: growing it later frees the old one, which waits for the device.
+  scratch_bytes_ = std::max<std::uint64_t>(oneshot_max_bytes(2), 1 << 20);
+  check(cudaMalloc(&scratch_, scratch_bytes_), "cudaMalloc of the smddp one-shot buffer");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   cudaIpcMemHandle_t h{};
   check(cudaIpcGetMemHandle(&h, flag_block_), "cudaIpcGetMemHandle of the smddp flag block");
@@ -113,7 +142,13 @@ PeerExecutor::~PeerExecutor() {
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(device_);
-  if (stream_) cudaStreamSynchronize(stream_);  // nothing of ours may still be running
+  // A fast kernel may still wait for a peer that is gone: release it first (what it
+  // computes no longer matters), then nothing of ours may still be running.
+  if (flag_block_ && rescue_stream_) {
+    cudaMemsetAsync(static_cast<std::byte*>(flag_block_) + kFastFlagsOffset, 0x7f, kFastFlagsBytes, rescue_stream_);
+    cudaStreamSynchronize(rescue_stream_);
+  }
+  if (stream_) cudaStreamSynchronize(stream_);
   for (auto& [key, m] : maps_)
     if (m.ptr) cudaIpcCloseMemHandle(m.ptr);
   for (void* p : retired_) cudaIpcCloseMemHandle(p);
@@ -122,30 +157,143 @@ PeerExecutor::~PeerExecutor() {
   for (auto ev : all_events_) cudaEventDestroy(ev);
   if (side_) cudaStreamSynchronize(side_);
   if (side_) cudaStreamDestroy(side_);
+  if (fast_stream_) cudaStreamSynchronize(fast_stream_);
+  if (fast_stream_) cudaStreamDestroy(fast_stream_);
+  if (rescue_stream_) cudaStreamSynchronize(rescue_stream_);
+  if (rescue_stream_) cudaStreamDestroy(rescue_stream_);
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
   if (scratch_) cudaFree(scratch_);
+  for (void* p : retired_scratch_) cudaFree(p);
   if (flag_block_) cudaFree(flag_block_);
   cudaSetDevice(prev);
+}
+
+cudaEvent_t PeerExecutor::take_event() {
+  if (!free_events_.empty()) {
+    cudaEvent_t ev = free_events_.back();
+    free_events_.pop_back();
+    return ev;
+  }
+  DeviceScope scope(device_);
+  cudaEvent_t ev = nullptr;
+  check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  all_events_.push_back(ev);
+  return ev;
 }
 
 cudaEvent_t PeerExecutor::record_ready(cudaStream_t user_stream) {
   cudaEvent_t ev = nullptr;
   {
     std::lock_guard lk(mu_);
-    if (!free_events_.empty()) {
-      ev = free_events_.back();
-      free_events_.pop_back();
-    }
-  }
-  if (!ev) {
-    DeviceScope scope(device_);
-    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    std::lock_guard lk(mu_);
-    all_events_.push_back(ev);
+    ev = take_event();
   }
   check(cudaEventRecord(ev, user_stream), "cudaEventRecord");
   return ev;
+}
+
+void PeerExecutor::release_event(cudaEvent_t ev) {
+  if (!ev) return;
+  std::lock_guard lk(mu_);
+  free_events_.push_back(ev);
+}
+
+bool PeerExecutor::fast_eligible(const FastOp& op) {
+  const int n = static_cast<int>(op.slots.size());
+  if (n < 2 || n > daemon::cuda::kFastMaxRanks || op.count == 0 || !op.in || !op.out) return false;
+  if (!daemon::cuda::fast_supported(op.op, op.dtype, op.reduce_op)) return false;
+  daemon::cuda::FastArgs a;
+  a.op = op.op;
+  a.dtype = op.dtype;
+  a.n = n;
+  a.count = op.count;
+  const std::uint64_t in_bytes = (op.op == ipc::OpType::ReduceScatter ? static_cast<std::uint64_t>(n) : 1) *
+                                 op.count * ipc::dtype_size(op.dtype);
+  return in_bytes <= fast_max_bytes() && daemon::cuda::fast_stage_bytes(a) <= kFastStageBytes;
+}
+
+bool PeerExecutor::fast_off() const {
+  std::lock_guard lk(mu_);
+  return fast_off_;
+}
+
+bool PeerExecutor::fast_ready(const std::vector<int>& slots) {
+  std::lock_guard lk(mu_);
+  if (fast_off_) return false;
+  auto client = client_.lock();
+  if (!client) return false;
+  DeviceScope scope(device_);
+  for (int s : slots) {
+    if (s == my_slot_ || peer_flags_.at(static_cast<std::size_t>(s))) continue;
+    if (!client->flag_block_of(s)) return false;
+    peer_flags(s);  // maps it (throws if it cannot)
+  }
+  return true;
+}
+
+cudaEvent_t PeerExecutor::run_fast(const FastOp& op, cudaStream_t user_stream) {
+  std::lock_guard lk(mu_);
+  DeviceScope scope(device_);
+  daemon::cuda::FastArgs a;
+  a.op = op.op;
+  a.dtype = op.dtype;
+  a.reduce_op = op.reduce_op;
+  a.scale = op.scale;
+  a.n = static_cast<int>(op.slots.size());
+  a.me = op.me;
+  a.count = op.count;
+  a.in = op.in;
+  a.out = op.out;
+  a.seq = ++fast_seq_;
+  const std::size_t stage = kFastStageOffset + static_cast<std::size_t>(a.seq % 2) * kFastStageBytes;
+  for (int r = 0; r < a.n; ++r) {
+    const int s = op.slots[static_cast<std::size_t>(r)];
+    auto* base = reinterpret_cast<std::byte*>(s == my_slot_ ? static_cast<std::uint64_t*>(flag_block_) : peer_flags(s));
+    auto* mine = static_cast<std::byte*>(flag_block_);
+    a.stage[r] = base + stage;
+    a.signal[r] = reinterpret_cast<std::uint64_t*>(base + kFastFlagsOffset) +
+                  static_cast<std::size_t>(my_slot_) * daemon::cuda::kFastMaxBlocks;
+    a.wait[r] = reinterpret_cast<const std::uint64_t*>(mine + kFastFlagsOffset) +
+                static_cast<std::size_t>(s) * daemon::cuda::kFastMaxBlocks;
+  }
+  // A "dry" op: the peers' kernels of this op wait for this rank's flags, so they are raised
+  // from the stream although this rank moves nothing (the caller reports the error).
+  const auto dry = [&](const std::string& why) {
+    const auto& ops = stream_ops();
+    for (int r = 0; r < a.n; ++r)
+      if (r != a.me)
+        for (int b = 0; b < daemon::cuda::fast_blocks(a); ++b)
+          ops.write(reinterpret_cast<CUstream>(fast_stream_), reinterpret_cast<CUdeviceptr>(a.signal[r] + b), a.seq,
+                    CU_STREAM_WRITE_VALUE_DEFAULT);
+    throw std::runtime_error(why);
+  };
+  if (fast_off_) dry("the GPU fast path is off after an earlier failure of it");
+  cudaEvent_t ready = take_event();
+  cudaEvent_t done = take_event();
+  check(cudaEventRecord(ready, user_stream), "cudaEventRecord");
+  check(cudaStreamWaitEvent(fast_stream_, ready, 0), "cudaStreamWaitEvent");
+  free_events_.push_back(ready);  // the wait above took its state
+  if (const auto err = daemon::cuda::launch_fast(a, fast_stream_); err != cudaSuccess) {
+    cudaGetLastError();
+    free_events_.push_back(done);
+    dry(std::string("fast-path kernel: ") + cudaGetErrorString(err));
+  }
+  check(cudaEventRecord(done, fast_stream_), "cudaEventRecord");
+  ++stats_.ops;
+  ++stats_.kernel_launches;
+  if (auto c = client_.lock()) c->count_gpu_work(op.op, 1, 0);
+  return done;
+}
+
+void PeerExecutor::release_fast() {
+  std::lock_guard lk(mu_);
+  fast_off_ = true;
+  DeviceScope scope(device_);
+  // Every flag this rank waits on, far above any sequence number: waiting kernels finish
+  // (with whatever the staging held) and the streams behind them drain.
+  if (cudaMemsetAsync(static_cast<std::byte*>(flag_block_) + kFastFlagsOffset, 0x7f, kFastFlagsBytes, rescue_stream_) !=
+      cudaSuccess)
+    cudaGetLastError();
 }
 
 void PeerExecutor::expect(std::uint64_t token, LocalOp op) {
@@ -389,11 +537,9 @@ void PeerExecutor::run(const Plan& p) {
     dry_error_ = ex.what();
   }
   if (const std::uint64_t need = needs_scratch(a); need > scratch_bytes_ && dry_error_.empty()) {
-    // Earlier ops may still use the old buffer: wait for them (once per growth).
-    if (scratch_) {
-      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-      check(cudaFree(scratch_), "cudaFree");
-    }
+    // Earlier ops may still use the old buffer, and freeing waits for the whole device: it
+    // is freed at the end (only SMDDP_ONESHOT_MAX_BYTES above the default gets here).
+    if (scratch_) retired_scratch_.push_back(scratch_);
     scratch_ = nullptr;
     scratch_bytes_ = 0;
     const std::uint64_t want = std::max<std::uint64_t>(need, 1 << 20);

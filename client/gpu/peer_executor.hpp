@@ -13,10 +13,19 @@
 // client/gpu/schedule.hpp, plain C++ tested on host memory for 1-8 ranks; this file maps the
 // buffers, runs the steps on the GPU and implements the barriers.
 //
+// The fast path (small AllReduce, AllGather and ReduceScatter of the world group on one node)
+// skips the plan: the caller enqueues one kernel at once (daemon/cuda/device_kernels.hpp,
+// FastArgs) on a stream of its own, against staging buffers and flags that live in every
+// rank's flag allocation, mapped by all the others once. The daemon still matches and checks
+// the request (kFlagRankFast) and reports a disagreement as an error; a failed fast op
+// releases every flag this rank waits on, so no kernel spins for ever, and turns the fast
+// path off on this rank.
+//
 // Threading: expect() from the calling thread, on_completion() from the client's exec
 // handler (client lock held: it only queues), drain() from any thread (it enqueues GPU work
 // in the order the daemon sent the plans, which every rank shares; that order keeps the
-// pairwise barrier counters of two ranks in step).
+// pairwise barrier counters of two ranks in step). run_fast() from the calling thread, in
+// the order the ranks issue the world group's collectives.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -48,6 +57,19 @@ struct LocalOp {
   cudaEvent_t ready = nullptr;  // from record_ready(): the inputs are written
 };
 
+// One fast-path operation (see above), as the caller issues it.
+struct FastOp {
+  ipc::OpType op = ipc::OpType::AllReduce;
+  ipc::DType dtype = ipc::DType::Float32;
+  ipc::ReduceOp reduce_op = ipc::ReduceOp::Sum;
+  double scale = 1.0;
+  std::uint64_t count = 0;  // as daemon::cuda::FastArgs::count
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::vector<int> slots;  // the members' local ranks, in group order
+  int me = 0;              // this rank's index in slots
+};
+
 // What this executor launched (the per-operation sums go to the daemon's status through
 // Client::count_gpu_work).
 struct PeerStats {
@@ -77,6 +99,21 @@ class PeerExecutor {
   // ranks go on); nullopt when it ran.
   std::optional<std::string> take_error(std::uint64_t token);
   int device() const noexcept { return device_; }
+
+  // Fast path. Whether `op` may take it (the same answer on every member: it depends only
+  // on the op and SMDDP_FAST_MAX_BYTES, which must be the same everywhere).
+  static bool fast_eligible(const FastOp& op);
+  // Whether every member published its flag allocation (each does when it starts its
+  // executor); maps the ones not mapped yet. False for good once the fast path failed here.
+  bool fast_ready(const std::vector<int>& slots);
+  // Enqueues `op` after the work on `user_stream`; returns an event recorded after it, to
+  // be handed back with release_event().
+  cudaEvent_t run_fast(const FastOp& op, cudaStream_t user_stream);
+  void release_event(cudaEvent_t ev);
+  // A fast op failed (the daemon found the members disagree, a peer died, a timeout): lets
+  // every kernel of this rank that waits for a peer's flag go on, and turns the path off.
+  void release_fast();
+  bool fast_off() const;
   cudaStream_t stream() const noexcept { return stream_; }
 
   // AllReduce up to this many bytes runs one-shot (SMDDP_ONESHOT_MAX_BYTES overrides).
@@ -97,6 +134,7 @@ class PeerExecutor {
     std::array<std::uint8_t, ipc::kCudaIpcHandleBytes> handle{};
     void* ptr = nullptr;  // opened lazily
   };
+  cudaEvent_t take_event();  // from the pool, or a new one (mu_ held)
   void run(const Plan& p);
   void* resolve(const Plan& p, int member, bool input);
   void* map(int slot, std::uint64_t alloc_id);
@@ -119,13 +157,18 @@ class PeerExecutor {
   cudaStream_t side_ = nullptr;  // ours
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   bool forked_ = false;
-  void* flag_block_ = nullptr;
+  void* flag_block_ = nullptr;  // and, after the first kFlagBlockBytes, the fast path's flags and staging
+  cudaStream_t fast_stream_ = nullptr;    // fast ops, in issue order
+  cudaStream_t rescue_stream_ = nullptr;  // release_fast()
+  std::uint64_t fast_seq_ = 0;
+  bool fast_off_ = false;
   void* scratch_ = nullptr;
   std::uint64_t scratch_bytes_ = 0;
-  std::vector<std::uint64_t*> peer_flags_;      // by slot, opened lazily
+  std::vector<std::uint64_t*> peer_flags_;      // by slot, opened lazily (the whole flag allocation)
   std::vector<std::uint64_t> barriers_passed_;  // by peer slot
   std::map<std::pair<int, std::uint64_t>, Mapping> maps_;  // (slot, alloc id)
   std::vector<void*> retired_;  // mappings replaced while GPU work may still use them
+  std::vector<void*> retired_scratch_;
 
   mutable std::mutex mu_;  // everything below, and the members above after construction
   std::map<std::uint64_t, LocalOp> expected_;

@@ -172,6 +172,182 @@ __global__ void __launch_bounds__(kThreads) copy_kernel(const CopyArgs a, bool v
   for (std::uint64_t i = packs * 16 + tid; i < a.bytes; i += stride) dst[i] = src[i];
 }
 
+
+// --- fast path ------------------------------------------------------------------------------
+
+__device__ __forceinline__ void store_release_sys(std::uint64_t* p, std::uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ std::uint64_t load_acquire_sys(const std::uint64_t* p) {
+  std::uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Elements per block: a multiple of the 16-byte pack, so every block's slice is aligned
+// (the slicing must not depend on alignment: every member computes the same one).
+__host__ __device__ __forceinline__ std::uint64_t fast_slice(std::uint64_t count, int blocks, std::uint64_t v) {
+  const std::uint64_t per = (count + static_cast<std::uint64_t>(blocks) - 1) / static_cast<std::uint64_t>(blocks);
+  return (per + v - 1) / v * v;
+}
+
+template <class T>
+__device__ __forceinline__ void copy_slice(T* dst, const T* src, std::uint64_t lo, std::uint64_t hi, bool vec) {
+  constexpr std::uint64_t V = 16 / sizeof(T);
+  if (vec) {
+    for (std::uint64_t i = lo / V + threadIdx.x; i < hi / V; i += blockDim.x)
+      reinterpret_cast<uint4*>(dst)[i] = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+    for (std::uint64_t i = hi / V * V + threadIdx.x; i < hi; i += blockDim.x) dst[i] = src[i];
+  } else {
+    for (std::uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+template <class T, K k>
+__global__ void __launch_bounds__(kThreads) fast_kernel(const FastArgs a, bool vec) {
+  using A = typename AccOf<T>::type;
+  using O = Op<T, k>;
+  constexpr std::uint64_t V = 16 / sizeof(T);
+  const A scale = static_cast<A>(a.scale);
+  const int b = static_cast<int>(blockIdx.x);
+  const std::uint64_t E = a.count;
+  const std::uint64_t per = fast_slice(E, static_cast<int>(gridDim.x), V);
+  std::uint64_t lo = min(E, static_cast<std::uint64_t>(b) * per);
+  const std::uint64_t hi = min(E, lo + per);
+  const bool rs = a.op == ipc::OpType::ReduceScatter;
+  const int parts = rs ? a.n : 1;
+  const T* in = static_cast<const T*>(a.in);
+  T* out = static_cast<T*>(a.out);
+  T* mine = static_cast<T*>(a.stage[a.me]);
+
+  // 1. This block's slice of the input into this rank's staging buffer.
+  for (int p = 0; p < parts; ++p) copy_slice(mine + static_cast<std::uint64_t>(p) * E, in + static_cast<std::uint64_t>(p) * E, lo, hi, vec);
+  // 2. Tell every peer this slice is there; wait until theirs are.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int r = 0; r < a.n; ++r)
+      if (r != a.me) store_release_sys(a.signal[r] + b, a.seq);
+    for (int r = 0; r < a.n; ++r)
+      if (r != a.me)
+        while (load_acquire_sys(a.wait[r] + b) < a.seq) {
+        }
+  }
+  __syncthreads();
+  // 3. Read the others' slices (over NVLink) into the output.
+  if (a.op == ipc::OpType::AllGather) {
+    for (int r = 0; r < a.n; ++r)
+      copy_slice(out + static_cast<std::uint64_t>(r) * E, r == a.me ? in : static_cast<const T*>(a.stage[r]), lo, hi, vec);
+    return;
+  }
+  // Members are combined in the same order everywhere, so every rank gets the same bits.
+  const std::uint64_t base = rs ? static_cast<std::uint64_t>(a.me) * E : 0;
+  const auto src = [&](int r) { return r == a.me ? in + base : static_cast<const T*>(a.stage[r]) + base; };
+  if (vec) {
+    for (std::uint64_t i = lo / V + threadIdx.x; i < hi / V; i += blockDim.x) {
+      A acc[V];
+      {
+        const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src(0)) + i);
+        const T* t = reinterpret_cast<const T*>(&v);
+#pragma unroll
+        for (std::uint64_t j = 0; j < V; ++j) acc[j] = O::pre(t[j], scale);
+      }
+      for (int r = 1; r < a.n; ++r) {
+        const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src(r)) + i);
+        const T* t = reinterpret_cast<const T*>(&v);
+#pragma unroll
+        for (std::uint64_t j = 0; j < V; ++j) acc[j] = combine_nan<T, k>(acc[j], O::pre(t[j], scale));
+      }
+      uint4 o;
+      T* ot = reinterpret_cast<T*>(&o);
+#pragma unroll
+      for (std::uint64_t j = 0; j < V; ++j) ot[j] = O::post(acc[j], a.n);
+      reinterpret_cast<uint4*>(out)[i] = o;
+    }
+    lo = hi / V * V;  // the scalar tail below
+  }
+  for (std::uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    A acc = O::pre(src(0)[i], scale);
+    for (int r = 1; r < a.n; ++r) acc = combine_nan<T, k>(acc, O::pre(src(r)[i], scale));
+    out[i] = O::post(acc, a.n);
+  }
+}
+
+// Calls F<T, k>::run(args...) for the kernel that a (dtype, reduce op) pair uses, the same
+// pairs as launch_reduce.
+template <template <class, K> class F, class T, class... Args>
+cudaError_t with_arith(ipc::ReduceOp op, Args&&... args) {
+  switch (op) {
+    case ipc::ReduceOp::Sum: return F<T, K::Sum>::run(args...);
+    case ipc::ReduceOp::Product: return F<T, K::Prod>::run(args...);
+    case ipc::ReduceOp::Min: return F<T, K::Min>::run(args...);
+    case ipc::ReduceOp::Max: return F<T, K::Max>::run(args...);
+    case ipc::ReduceOp::Avg:
+      if constexpr (std::is_integral_v<T>) return cudaErrorInvalidValue;
+      else return F<T, K::Avg>::run(args...);
+    case ipc::ReduceOp::PremulSum:
+      if constexpr (std::is_integral_v<T>) return cudaErrorInvalidValue;
+      else return F<T, K::Premul>::run(args...);
+    case ipc::ReduceOp::BAnd:
+      if constexpr (std::is_integral_v<T>) return F<T, K::And>::run(args...);
+      else return cudaErrorInvalidValue;
+    case ipc::ReduceOp::BOr:
+      if constexpr (std::is_integral_v<T>) return F<T, K::Or>::run(args...);
+      else return cudaErrorInvalidValue;
+    case ipc::ReduceOp::BXor:
+      if constexpr (std::is_integral_v<T>) return F<T, K::Xor>::run(args...);
+      else return cudaErrorInvalidValue;
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <template <class, K> class F, class... Args>
+cudaError_t with_kernel(ipc::DType dtype, ipc::ReduceOp op, Args&&... args) {
+  switch (dtype) {
+    case ipc::DType::Float32: return with_arith<F, float>(op, args...);
+    case ipc::DType::Float64: return with_arith<F, double>(op, args...);
+    case ipc::DType::Float16: return with_arith<F, __half>(op, args...);
+    case ipc::DType::BFloat16: return with_arith<F, __nv_bfloat16>(op, args...);
+    case ipc::DType::Int8: return with_arith<F, std::int8_t>(op, args...);
+    case ipc::DType::UInt8: return with_arith<F, std::uint8_t>(op, args...);
+    case ipc::DType::Int32: return with_arith<F, std::int32_t>(op, args...);
+    case ipc::DType::Int64: return with_arith<F, std::int64_t>(op, args...);
+    case ipc::DType::Bool:
+      switch (op) {
+        case ipc::ReduceOp::Sum:
+        case ipc::ReduceOp::Max:
+        case ipc::ReduceOp::BOr: return F<std::uint8_t, K::BoolOr>::run(args...);
+        case ipc::ReduceOp::Product:
+        case ipc::ReduceOp::Min:
+        case ipc::ReduceOp::BAnd: return F<std::uint8_t, K::BoolAnd>::run(args...);
+        case ipc::ReduceOp::BXor: return F<std::uint8_t, K::BoolXor>::run(args...);
+        default: return cudaErrorInvalidValue;
+      }
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class T, K k>
+struct FastLaunch {
+  static cudaError_t run(const FastArgs& a, cudaStream_t s, int blocks, bool vec) {
+    fast_kernel<T, k><<<blocks, kThreads, 0, s>>>(a, vec);
+    return cudaGetLastError();
+  }
+};
+
+template <class T, K k>
+struct Supported {
+  static cudaError_t run() { return cudaSuccess; }
+};
+
+template <class T, K k>
+struct Preload {
+  static cudaError_t run() {
+    cudaFuncAttributes attr{};
+    if (const auto e = cudaFuncGetAttributes(&attr, reduce_kernel<T, k>); e != cudaSuccess) return e;
+    return cudaFuncGetAttributes(&attr, fast_kernel<T, k>);
+  }
+};
 }  // namespace
 
 cudaError_t launch_reduce(const ReduceArgs& a, cudaStream_t s, int max_blocks) {
@@ -202,6 +378,66 @@ cudaError_t launch_copy(const CopyArgs& a, cudaStream_t s, int max_blocks) {
   const unsigned x = static_cast<unsigned>(want < static_cast<std::uint64_t>(per) ? want : per);
   copy_kernel<<<dim3(x, static_cast<unsigned>(a.n)), kThreads, 0, s>>>(a, vec);
   return cudaGetLastError();
+}
+
+}  // namespace smddp::daemon::cuda
+
+namespace smddp::daemon::cuda {
+
+bool fast_supported(ipc::OpType op, ipc::DType dtype, ipc::ReduceOp reduce_op) {
+  if (op == ipc::OpType::AllGather) return true;
+  if (op != ipc::OpType::AllReduce && op != ipc::OpType::ReduceScatter) return false;
+  return with_kernel<Supported>(dtype, reduce_op) == cudaSuccess;
+}
+
+std::uint64_t fast_stage_bytes(const FastArgs& a) {
+  const std::uint64_t parts = a.op == ipc::OpType::ReduceScatter ? static_cast<std::uint64_t>(a.n) : 1;
+  return (parts * a.count * ipc::dtype_size(a.dtype) + 255) / 256 * 256;
+}
+
+int fast_blocks(const FastArgs& a) {
+  const std::uint64_t v = 16 / ipc::dtype_size(a.dtype);
+  const std::uint64_t packs = (a.count + v - 1) / v;
+  const std::uint64_t want = (packs + kThreads - 1) / kThreads;
+  return static_cast<int>(want < 1 ? 1 : (want > kFastMaxBlocks ? kFastMaxBlocks : want));
+}
+
+cudaError_t launch_fast(const FastArgs& a, cudaStream_t s) {
+  if (a.n < 1 || a.n > kFastMaxRanks || a.me < 0 || a.me >= a.n) return cudaErrorInvalidValue;
+  if (a.count == 0) return cudaSuccess;
+  const std::uint64_t e = ipc::dtype_size(a.dtype);
+  // Every slice start is a multiple of the pack; the whole buffers and each member's part
+  // (AllGather output, ReduceScatter input) must be 16-byte aligned as well.
+  bool vec = aligned16(a.in) && aligned16(a.out) && (a.count * e) % 16 == 0;
+  for (int r = 0; r < a.n; ++r) vec = vec && aligned16(a.stage[r]);
+  const int blocks = fast_blocks(a);
+  // AllGather moves bytes only: any 1-, 2-, 4- or 8-byte type does, whatever the reduce op.
+  if (a.op == ipc::OpType::AllGather) {
+    switch (e) {
+      case 1: return FastLaunch<std::uint8_t, K::Sum>::run(a, s, blocks, vec);
+      case 2: return FastLaunch<__half, K::Sum>::run(a, s, blocks, vec);
+      case 4: return FastLaunch<float, K::Sum>::run(a, s, blocks, vec);
+      case 8: return FastLaunch<double, K::Sum>::run(a, s, blocks, vec);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  if (a.op != ipc::OpType::AllReduce && a.op != ipc::OpType::ReduceScatter) return cudaErrorInvalidValue;
+  return with_kernel<FastLaunch>(a.dtype, a.reduce_op, a, s, blocks, vec);
+}
+
+cudaError_t preload_kernels() {
+  cudaFuncAttributes attr{};
+  if (const auto e = cudaFuncGetAttributes(&attr, copy_kernel); e != cudaSuccess) return e;
+  constexpr ipc::DType kTypes[] = {ipc::DType::Float32, ipc::DType::Float64, ipc::DType::Float16, ipc::DType::BFloat16,
+                                   ipc::DType::Int8,    ipc::DType::UInt8,   ipc::DType::Int32,   ipc::DType::Int64,
+                                   ipc::DType::Bool};
+  constexpr ipc::ReduceOp kOps[] = {ipc::ReduceOp::Sum, ipc::ReduceOp::Product, ipc::ReduceOp::Min,
+                                    ipc::ReduceOp::Max, ipc::ReduceOp::Avg,     ipc::ReduceOp::PremulSum,
+                                    ipc::ReduceOp::BAnd, ipc::ReduceOp::BOr,    ipc::ReduceOp::BXor};
+  for (auto t : kTypes)
+    for (auto op : kOps)
+      if (const auto e = with_kernel<Preload>(t, op); e != cudaSuccess && e != cudaErrorInvalidValue) return e;
+  return cudaSuccess;
 }
 
 }  // namespace smddp::daemon::cuda

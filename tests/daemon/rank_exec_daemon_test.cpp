@@ -6,7 +6,9 @@
 // What is checked: every member gets the handles of the others' allocations it was not sent
 // yet (once per receiver, owner and allocation, again only when the bytes change), then a plan
 // whose members are the group's slots and whose `me` is the receiver; members that disagree on
-// the flag, or a group larger than the plan holds, get a Mismatch.
+// the flag, or a group larger than the plan holds, get a Mismatch. Fast-path requests
+// (kFlagRankFast) are matched and answered without handles or plans, and a member that
+// disagrees with them (another size, or the plan path) gets a Mismatch.
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -480,6 +482,92 @@ TEST(DaemonRankExec, HandlesCompletionsDoNotOverflowTheCompletionRing) {
   EXPECT_EQ(ranks[0]->client->job_error(), "");
   for (const auto& w : w0) EXPECT_EQ(w->status(), Status::Ok) << w->error();
   EXPECT_EQ(host0, std::vector<float>(kCount, 3.0f));
+}
+
+}  // namespace smddp::daemon
+
+namespace smddp::daemon {
+namespace {
+
+DeviceCall fast_allreduce(std::uint64_t count) {
+  DeviceCall c;
+  c.op = OpType::AllReduce;
+  c.dtype = DType::Float32;
+  c.reduce_op = ReduceOp::Sum;
+  c.count = count;
+  c.fast = true;
+  return c;
+}
+
+// Waits for `w`, which must fail with a Mismatch whose text contains `needle`.
+void expect_mismatch(const WorkPtr& w, const char* needle) {
+  try {
+    w->wait(20s);
+    ADD_FAILURE() << "a disagreeing rank's op succeeded";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), Status::Mismatch) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(DaemonRankFast, FastRequestsAreMatchedAndAnsweredWithoutPlans) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("fast");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<WorkPtr> w;
+    for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(fast_allreduce(kCount)));
+    wait_all(w);
+  }
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(ranks[r]->rec.take().empty()) << "rank " << r << " got handles or plans";
+}
+
+TEST(DaemonRankFast, AnotherSizeOrThePlanPathIsAMismatch) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("fastdis");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  {
+    auto w0 = ranks[0]->client->world()->device_op(fast_allreduce(8));
+    auto w1 = ranks[1]->client->world()->device_op(fast_allreduce(16));
+    expect_mismatch(w0, "mismatch");
+    expect_mismatch(w1, "mismatch");
+  }
+  {
+    // Rank 1 took the plan path (its tensor was larger than the fast path takes).
+    auto w0 = ranks[0]->client->world()->device_op(fast_allreduce(kCount));
+    auto w1 = ranks[1]->client->world()->device_op(allreduce(9, 0xB1, 201));
+    expect_mismatch(w0, "fast path");
+    expect_mismatch(w1, "fast path");
+  }
+  EXPECT_TRUE(ranks[0]->rec.take().empty());
+  const auto calls = ranks[1]->rec.take();
+  ASSERT_EQ(calls.size(), 1u) << "no handles or plan for a failed match";
+  EXPECT_EQ(calls[0].c.status, Status::Mismatch);
+
+  // The communicator still works.
+  std::vector<WorkPtr> w;
+  for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(fast_allreduce(kCount)));
+  wait_all(w);
+}
+
+TEST(DaemonRankFast, AFastCallWithBuffersIsRefusedByTheClient) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("fastbad");
+  DaemonThread daemon(job, 1);
+  auto ranks = attach_ranks(job, 1);
+  auto c = fast_allreduce(kCount);
+  c.input = fake_buffer(0xC0, 300, kCount * 4);
+  try {
+    ranks[0]->client->world()->device_op(c);
+    ADD_FAILURE() << "accepted";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), Status::InvalidRequest);
+    EXPECT_NE(std::string(e.what()).find("no buffers"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace smddp::daemon

@@ -23,3 +23,10 @@ def test_gpu_expandable_segments():
     res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579"], timeout=600,
                   extra_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     res.assert_ok(min_checks=n * 200)
+
+
+@pytest.mark.parametrize("other", [16, 1 << 21])
+def test_gpu_fast_path_disagreement(other):
+    # Rank 0 takes the fast path, rank 1 another fast size or the plan path: errors, no hang.
+    res = run_job("gpu_fast_failure_worker.py", 2, args=[other], timeout=240)
+    assert len(res.checks) == 2 and not res.failures(), res.output[-3000:]

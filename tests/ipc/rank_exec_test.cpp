@@ -252,3 +252,50 @@ TEST(ValidateRankExec, AllToAllWithSplitsIsRefused) {
   d.flags |= kFlagRankExec;
   EXPECT_TRUE(fails(d, gpu_ctx(), "rank-side GPU execution of alltoall with splits"));
 }
+
+namespace {
+
+// A fast-path request (kFlagRankFast): no buffers, the ranks moved the bytes themselves.
+RequestDesc fast_request(OpType op = OpType::AllReduce, std::uint64_t n = 8) {
+  RequestDesc d;
+  d.op = op;
+  d.dtype = DType::BFloat16;
+  d.count = d.chunk_count = n;
+  d.flags = kFlagRankFast;
+  return d;
+}
+
+}  // namespace
+
+TEST(ValidateRankFast, TheThreeCollectivesWithoutBuffersPass) {
+  ValidationContext host_only = gpu_ctx();
+  host_only.cuda_enabled = false;  // the daemon needs no GPU for them
+  for (auto op : {OpType::AllReduce, OpType::AllGather, OpType::ReduceScatter}) {
+    SCOPED_TRACE(to_string(op));
+    EXPECT_EQ(validate_request(fast_request(op), host_only), std::nullopt);
+  }
+  auto in_place = fast_request();
+  in_place.flags |= kFlagInPlace;
+  EXPECT_EQ(validate_request(in_place, gpu_ctx()), std::nullopt);
+}
+
+TEST(ValidateRankFast, OtherCollectivesBuffersFlagsAndEventsAreRefused) {
+  EXPECT_TRUE(fails(fast_request(OpType::Broadcast), gpu_ctx(), "allreduce, allgather and reduce_scatter only"));
+  EXPECT_TRUE(fails(fast_request(OpType::AllToAll), gpu_ctx(), "allreduce, allgather and reduce_scatter only"));
+  auto d = fast_request();
+  d.input = cuda(16);
+  EXPECT_TRUE(fails(d, gpu_ctx(), "carries no buffers"));
+  d = fast_request();
+  d.output = arena(0, 16);
+  EXPECT_TRUE(fails(d, gpu_ctx(), "carries no buffers"));
+  d = fast_request();
+  d.flags |= kFlagRankExec;
+  EXPECT_TRUE(fails(d, gpu_ctx(), "no other flags"));
+  d = fast_request();
+  d.wait_event = 0;
+  d.flags |= 0;
+  EXPECT_TRUE(fails(d, gpu_ctx(), "")) << "an event index with no exported event";
+  d = fast_request(OpType::AllReduce, 0);
+  d.chunk_count = 0;
+  EXPECT_TRUE(fails(d, gpu_ctx(), "empty fast-path request"));
+}

@@ -2,7 +2,7 @@
 independently computed reference and against an NCCL group of the same job, at several
 sizes; plus Work.wait()/get_future() stream semantics. One GPU per rank (LOCAL_RANK).
 
-argv: [--big] (adds 256 MiB cases) [--sizes 1,7,1048579]"""
+argv: [--big] (adds 256 MiB cases) [--sizes 1,7,65536,1048579]"""
 
 import os
 import sys
@@ -32,7 +32,8 @@ chk = Checker(rank)
 
 args = sys.argv[1:]
 BIG = "--big" in args
-SIZES = [1, 7, (1 << 20) + 3]
+# 65536: the fast path's vectorized form over many thread blocks.
+SIZES = [1, 7, 65536, (1 << 20) + 3]
 if "--sizes" in args:
     SIZES = [int(x) for x in args[args.index("--sizes") + 1].split(",")]
 
