@@ -97,6 +97,9 @@ struct CallOptions {
   std::chrono::milliseconds timeout{0};  // 0: the communicator's default
   double scale = 1.0;                    // PREMUL_SUM factor
   bool sdp = false;                      // SMDATAPARALLEL_OPTIMIZE_SDP AllGather path
+  // GPU fast path: the caller waits for the op at once (torch's asyncOp=false), so its kernel
+  // may run on the caller's stream instead of a stream of its own.
+  bool caller_waits = false;
 };
 
 class Work {

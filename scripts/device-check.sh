@@ -4,7 +4,8 @@
 # they skip on a CPU machine), then the benchmarks when asked, and writes every log plus a
 # JSON summary under $OUT (default ./device-out).
 #
-#   scripts/device-check.sh [--quick] [--all-gpus] [--no-bench] [--mpirun-training] [--only LABELS]
+#   scripts/device-check.sh [--quick] [--all-gpus] [--no-bench] [--mpirun-training] [--skip STEPS]
+#                           [--only LABELS]
 #
 # --quick fits one 10-minute device call (about 8 minutes on 2xH200): it builds only what the
 # GPU path needs, runs the GPU suites through smddprun only (and across 2 simulated nodes), then the benchmark sweep (16 B to
@@ -18,6 +19,7 @@ mkdir -p "$OUT"
 bench=1
 quick=0
 mpirun_training=0
+skip=","
 labels='unit|integration|python|gpu'
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,6 +28,8 @@ while [ $# -gt 0 ]; do
     --all-gpus) export SMDDP_TEST_NPROC="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" ;;
     --no-bench) bench=0 ;;
     --mpirun-training) mpirun_training=1 ;;
+    # Steps of --quick to leave out, by name (comma-separated: gpu_training,gpu_multinode,...).
+    --skip) skip=",$2,"; shift ;;
     --only) labels="$2"; shift ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
@@ -38,6 +42,7 @@ declare -A step_rc
 
 step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
   local name="$1"; shift
+  if [[ "$skip" == *",$name,"* ]]; then echo "$name: skipped"; return 0; fi
   local t0=$SECONDS
   "$@" >"$OUT/$name.log" 2>&1
   step_rc[$name]=$?

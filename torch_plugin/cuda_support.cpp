@@ -96,11 +96,42 @@ std::string local_bus_id() {
   return bus_id_of(dev);
 }
 
+// Events for Done marks, reused: creating and destroying one per operation costs more than
+// the rest of a small collective's completion.
+struct DoneEventPool {
+  std::mutex mu;
+  std::map<int, std::vector<cudaEvent_t>> free;  // by device
+  cudaEvent_t take(int device) {
+    {
+      std::lock_guard lk(mu);
+      auto& f = free[device];
+      if (!f.empty()) {
+        cudaEvent_t ev = f.back();
+        f.pop_back();
+        return ev;
+      }
+    }
+    cudaEvent_t ev = nullptr;
+    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    return ev;
+  }
+  void give(int device, cudaEvent_t ev) {
+    std::lock_guard lk(mu);
+    free[device].push_back(ev);
+  }
+  ~DoneEventPool() {
+    for (auto& [dev, evs] : free)
+      for (auto ev : evs) cudaEventDestroy(ev);
+  }
+};
+
 struct CudaPath::Done {
   cudaEvent_t event = nullptr;
   int device = 0;
+  std::shared_ptr<DoneEventPool> pool;
   ~Done() {
-    if (event) cudaEventDestroy(event);
+    if (event && pool) pool->give(device, event);
+    else if (event) cudaEventDestroy(event);
   }
 };
 
@@ -137,6 +168,7 @@ struct CudaPath::Impl {
   std::map<int, std::vector<int>> free_events;  // device -> indices
   std::vector<cudaEvent_t> daemon_events;    // by index, opened lazily
   std::map<int, c10::cuda::CUDAStream> completion;  // device -> pool stream
+  std::shared_ptr<DoneEventPool> done_events = std::make_shared<DoneEventPool>();
   std::map<int, std::string> bus_ids;        // device -> PCI bus id
   std::string my_bus;
   // Stream-flag modes: flags in a GPU block we allocate and export (default: the GPU re-polls
@@ -470,6 +502,7 @@ void CudaPath::release_event(int index) {
 }
 
 struct CudaPath::FastMark {
+  cudaStream_t stream = nullptr;  // what the kernel ran on
   cudaEvent_t event = nullptr;
   std::weak_ptr<client::gpu::PeerExecutor> exec;  // its event pool
   ~FastMark() {
@@ -494,7 +527,7 @@ bool CudaPath::fast_eligible(const client::DeviceCall& call, const at::Tensor& i
 
 std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device device, const client::DeviceCall& call,
                                                        const at::Tensor& in, const at::Tensor& out, double scale,
-                                                       const std::vector<int>& slots, int me,
+                                                       const std::vector<int>& slots, int me, bool on_caller_stream,
                                                        const std::function<std::optional<std::string>()>& posted_error) {
   c10::cuda::CUDAGuard g(device);
   std::shared_ptr<client::gpu::PeerExecutor> x;
@@ -523,8 +556,18 @@ std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device device, const
       std::this_thread::sleep_for(std::chrono::microseconds(spin < 100 ? 10 : 1000));
     }
     auto mark = std::make_shared<FastMark>();
-    mark->event = x->run_fast(f, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+    const auto launched =
+        x->run_fast(f, c10::cuda::getCurrentCUDAStream(device.index()).stream(), on_caller_stream);
+    mark->stream = launched.stream;
+    mark->event = launched.done;
     mark->exec = x;
+    if (!on_caller_stream) {
+      // Another stream uses the tensors: their blocks must not go to new owners on the
+      // caller's stream before it passed this op (as ProcessGroupNCCL records its stream).
+      const auto side = c10::cuda::getStreamFromExternal(launched.stream, device.index());
+      for (const at::Tensor* t : {&in, &out})
+        c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), side);
+    }
     return mark;
   } catch (const SmddpException&) {
     throw;
@@ -536,8 +579,16 @@ std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device device, const
 void CudaPath::block_current_stream(const std::shared_ptr<FastMark>& mark, c10::Device device) {
   if (!mark) return;
   c10::cuda::CUDAGuard g(device);
-  check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), mark->event, 0),
-        "cudaStreamWaitEvent");
+  const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  if (current == mark->stream) return;  // stream order already
+  check(cudaStreamWaitEvent(current, mark->event, 0), "cudaStreamWaitEvent");
+}
+
+void CudaPath::on_stream_of(const std::shared_ptr<FastMark>& mark, c10::Device device,
+                            const std::function<void()>& body) {
+  c10::cuda::CUDAGuard g(device);
+  c10::cuda::CUDAStreamGuard sg(c10::cuda::getStreamFromExternal(mark->stream, device.index()));
+  body();
 }
 
 void CudaPath::release_fast() {
@@ -583,7 +634,8 @@ std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device device, const std
   }
   auto done = std::make_shared<Done>();
   done->device = device.index();
-  check(cudaEventCreateWithFlags(&done->event, cudaEventDisableTiming), "cudaEventCreate");
+  done->pool = impl_->done_events;
+  done->event = done->pool->take(done->device);
   check(cudaEventRecord(done->event, stream->stream()), "cudaEventRecord");
   return done;
 }
@@ -680,11 +732,12 @@ bool CudaPath::fast_eligible(const client::DeviceCall&, const at::Tensor&, const
   return false;
 }
 std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device, const client::DeviceCall&, const at::Tensor&,
-                                                       const at::Tensor&, double, const std::vector<int>&, int,
+                                                       const at::Tensor&, double, const std::vector<int>&, int, bool,
                                                        const std::function<std::optional<std::string>()>&) {
   return nullptr;
 }
 void CudaPath::block_current_stream(const std::shared_ptr<FastMark>&, c10::Device) {}
+void CudaPath::on_stream_of(const std::shared_ptr<FastMark>&, c10::Device, const std::function<void()>& body) { body(); }
 void CudaPath::release_fast() {}
 void CudaPath::block_current_stream(const std::shared_ptr<Done>&, c10::Device) {}
 struct CudaPath::Staging {};

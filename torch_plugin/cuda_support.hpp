@@ -84,10 +84,16 @@ class CudaPath {
   // Enqueues the fast op after the current stream's work. The caller already posted its
   // request; until every member published its flag allocation (each does before posting
   // its first GPU request) this waits, and `posted_error` says whether the request failed.
+  // `on_caller_stream`: run it on the current stream itself (the caller waits at once).
   std::shared_ptr<FastMark> run_fast(c10::Device device, const client::DeviceCall& call, const at::Tensor& in,
                                      const at::Tensor& out, double scale, const std::vector<int>& slots, int me,
+                                     bool on_caller_stream,
                                      const std::function<std::optional<std::string>()>& posted_error);
+  // Makes the current stream wait for the op (nothing if the op ran on it).
   static void block_current_stream(const std::shared_ptr<FastMark>& mark, c10::Device device);
+  // Runs `body` (a Future's completion) with the op's stream current: what it records
+  // follows the op.
+  static void on_stream_of(const std::shared_ptr<FastMark>& mark, c10::Device device, const std::function<void()>& body);
   // A fast op failed: every kernel of this rank waiting for a peer goes on, and the fast
   // path is off on this rank from now on (the others see the same failure).
   void release_fast();

@@ -11,6 +11,17 @@ namespace smddp::torch_plugin {
 
 namespace {
 
+// torch 2.11 tells the backend whether the caller waits at once (asyncOp=false); older
+// versions do not, and the op is then treated as asynchronous.
+template <class Opts>
+bool caller_waits(const Opts& o) {
+  if constexpr (requires { o.asyncOp; }) {
+    return !o.asyncOp;
+  } else {
+    return false;
+  }
+}
+
 std::uint64_t count_of(const at::Tensor& t) { return static_cast<std::uint64_t>(t.numel()); }
 
 // Raw pointers for the client; a zero-element tensor may have no storage at all.
@@ -243,7 +254,7 @@ client::WorkPtr ProcessGroupSMDDP::fast_call(WorkSMDDP& w, client::DeviceCall ca
   auto op = comm_->device_op(call, co);
   // One node: local ranks are the global ones.
   const std::vector<int>& slots = comm_->global_ranks();
-  auto mark = cuda_path_->run_fast(in.device(), call, in, out, co.scale, slots, comm_->rank(),
+  auto mark = cuda_path_->run_fast(in.device(), call, in, out, co.scale, slots, comm_->rank(), co.caller_waits,
                                    [&op]() -> std::optional<std::string> {
                                      if (op->done() && op->status() != client::Status::Ok) {
                                        return op->error();
@@ -390,9 +401,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allreduce(std::vector<at::Tens
   auto work = make_work(c10d::OpType::ALLREDUCE, op, tensors);
   return run(work, [&](WorkSMDDP& w) {
     w.keep_alive(t);
+    auto co = call_options(opts.timeout, spec.scale);
+    co.caller_waits = caller_waits(opts);
     w.add_op(path == DevicePath::Cuda
-                 ? device_call(w, dcall(client::OpType::AllReduce, dtype, count_of(t), spec.op), &t, &t,
-                               call_options(opts.timeout, spec.scale))
+                 ? device_call(w, dcall(client::OpType::AllReduce, dtype, count_of(t), spec.op), &t, &t, co)
                  : comm_->allreduce(data_of(t), data_of(t), count_of(t), dtype, spec.op,
                                     call_options(opts.timeout, spec.scale)));
   });
@@ -511,6 +523,7 @@ void ProcessGroupSMDDP::add_allgather_base(WorkSMDDP& w, const char* op, at::Ten
   w.keep_alive(output);
   auto co = call_options(opts.timeout);
   co.sdp = sdp_allgather_;
+  co.caller_waits = caller_waits(opts);
   const auto dtype = smddp_dtype(op, input, "input");
   w.add_op(input.is_cuda()
                ? device_call(w, dcall(client::OpType::AllGather, dtype, count_of(input)), &input, &output, co)
@@ -721,9 +734,10 @@ void ProcessGroupSMDDP::add_reduce_scatter_base(WorkSMDDP& w, const char* op, at
   const auto spec = reduce_spec(op, opts.reduceOp, dtype);
   w.keep_alive(input);
   w.keep_alive(output);
+  auto co = call_options(opts.timeout, spec.scale);
+  co.caller_waits = caller_waits(opts);
   w.add_op(output.is_cuda()
-               ? device_call(w, dcall(client::OpType::ReduceScatter, dtype, count_of(output), spec.op), &input, &output,
-                             call_options(opts.timeout, spec.scale))
+               ? device_call(w, dcall(client::OpType::ReduceScatter, dtype, count_of(output), spec.op), &input, &output, co)
                : comm_->reduce_scatter(data_of(input), data_of(output), count_of(output), dtype, spec.op,
                                        call_options(opts.timeout, spec.scale)));
 }

@@ -40,6 +40,19 @@ void WorkSMDDP::arm() {
     ops = ops_;
     children = children_;
   }
+  // A lone fast op: its kernel is enqueued, so its Future completes now, with the events it
+  // records following the kernel (as ProcessGroupNCCL's); finalize() only reports failures.
+  std::shared_ptr<gpu::CudaPath::FastMark> fast;
+  {
+    std::lock_guard lock(state_mutex_);
+    if (stream_only_locked()) {
+      fast = fast_;
+      future_at_issue_ = true;
+    }
+  }
+  if (fast) {
+    gpu::CudaPath::on_stream_of(fast, cuda_device_, [this] { future_->markCompleted(c10::IValue(outputs_)); });
+  }
   // One extra count held until every callback is registered, so completion cannot run while
   // we are still registering.
   pending_.store(static_cast<int>(ops.size() + children.size()) + 1);
@@ -115,7 +128,9 @@ void WorkSMDDP::finalize() {
         if (!error) error = std::current_exception();
       }
     }
-    if (!error) {
+    if (!error && future_at_issue_) {
+      future_done = true;  // nothing left to do on the GPU
+    } else if (!error) {
       try {
         std::vector<at::Tensor> used = keep_alive_;
         used.insert(used.end(), outputs_.begin(), outputs_.end());
@@ -166,7 +181,7 @@ void WorkSMDDP::finalize() {
 
   finish(error);
   if (error) {
-    if (!future_done) {
+    if (!future_done && !future_at_issue_) {
       future_->setError(error);
     }
   } else if (!future_done) {
@@ -177,7 +192,9 @@ void WorkSMDDP::finalize() {
   {
     std::lock_guard lock(state_mutex_);
     finalized_ = true;
-    fast_.reset();  // its event goes back to the pool (every wait on it is enqueued by now)
+    if (!future_at_issue_) {
+      fast_.reset();  // done_ follows it; its event goes back to the pool
+    }
     if (error && waited_async_ && async_errors_) {
       async_errors_->note(error);
     }
@@ -226,7 +243,7 @@ void WorkSMDDP::synchronize() {
   std::shared_ptr<gpu::CudaPath::FastMark> fast;
   {
     std::lock_guard lock(state_mutex_);
-    if (!finalized_) fast = fast_;
+    fast = fast_;  // a lone fast op keeps it; otherwise it is gone once done_ is set
   }
   if (fast) {
     gpu::CudaPath::block_current_stream(fast, cuda_device_);

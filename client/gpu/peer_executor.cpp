@@ -195,6 +195,10 @@ cudaEvent_t PeerExecutor::record_ready(cudaStream_t user_stream) {
 void PeerExecutor::release_event(cudaEvent_t ev) {
   if (!ev) return;
   std::lock_guard lk(mu_);
+  if (ev == last_fast_done_) {
+    last_fast_done_released_ = true;  // still orders the next fast op; pooled after it
+    return;
+  }
   free_events_.push_back(ev);
 }
 
@@ -231,7 +235,7 @@ bool PeerExecutor::fast_ready(const std::vector<int>& slots) {
   return true;
 }
 
-cudaEvent_t PeerExecutor::run_fast(const FastOp& op, cudaStream_t user_stream) {
+PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t user_stream, bool on_user_stream) {
   std::lock_guard lk(mu_);
   DeviceScope scope(device_);
   daemon::cuda::FastArgs a;
@@ -260,29 +264,53 @@ cudaEvent_t PeerExecutor::run_fast(const FastOp& op, cudaStream_t user_stream) {
   // from the stream although this rank moves nothing (the caller reports the error).
   const auto dry = [&](const std::string& why) {
     const auto& ops = stream_ops();
+    // After this rank's earlier fast ops, whose (lower) values must land first, and before
+    // its later ones.
+    if (last_fast_done_ && last_fast_stream_ != fast_stream_) cudaStreamWaitEvent(fast_stream_, last_fast_done_, 0);
     for (int r = 0; r < a.n; ++r)
       if (r != a.me)
         for (int b = 0; b < daemon::cuda::fast_blocks(a); ++b)
           ops.write(reinterpret_cast<CUstream>(fast_stream_), reinterpret_cast<CUdeviceptr>(a.signal[r] + b), a.seq,
                     CU_STREAM_WRITE_VALUE_DEFAULT);
+    cudaEvent_t after = take_event();
+    if (cudaEventRecord(after, fast_stream_) == cudaSuccess) {
+      if (last_fast_done_ && last_fast_done_released_) free_events_.push_back(last_fast_done_);
+      last_fast_done_ = after;
+      last_fast_done_released_ = true;  // no mark holds it
+      last_fast_stream_ = fast_stream_;
+    } else {
+      cudaGetLastError();
+      free_events_.push_back(after);
+    }
     throw std::runtime_error(why);
   };
   if (fast_off_) dry("the GPU fast path is off after an earlier failure of it");
-  cudaEvent_t ready = take_event();
+  const cudaStream_t s = on_user_stream ? user_stream : fast_stream_;
+  if (!on_user_stream) {
+    cudaEvent_t ready = take_event();
+    check(cudaEventRecord(ready, user_stream), "cudaEventRecord");
+    check(cudaStreamWaitEvent(fast_stream_, ready, 0), "cudaStreamWaitEvent");
+    free_events_.push_back(ready);  // the wait above took its state
+  }
+  // Every member runs its fast ops in the order they were issued (the flags and the staging
+  // parity count on it): after the last one, wherever that ran.
+  if (last_fast_done_ && last_fast_stream_ != s)
+    check(cudaStreamWaitEvent(s, last_fast_done_, 0), "cudaStreamWaitEvent");
   cudaEvent_t done = take_event();
-  check(cudaEventRecord(ready, user_stream), "cudaEventRecord");
-  check(cudaStreamWaitEvent(fast_stream_, ready, 0), "cudaStreamWaitEvent");
-  free_events_.push_back(ready);  // the wait above took its state
-  if (const auto err = daemon::cuda::launch_fast(a, fast_stream_); err != cudaSuccess) {
+  if (const auto err = daemon::cuda::launch_fast(a, s); err != cudaSuccess) {
     cudaGetLastError();
     free_events_.push_back(done);
     dry(std::string("fast-path kernel: ") + cudaGetErrorString(err));
   }
-  check(cudaEventRecord(done, fast_stream_), "cudaEventRecord");
+  check(cudaEventRecord(done, s), "cudaEventRecord");
+  if (last_fast_done_ && last_fast_done_released_) free_events_.push_back(last_fast_done_);
+  last_fast_done_ = done;
+  last_fast_done_released_ = false;
+  last_fast_stream_ = s;
   ++stats_.ops;
   ++stats_.kernel_launches;
   if (auto c = client_.lock()) c->count_gpu_work(op.op, 1, 0);
-  return done;
+  return {s, done};
 }
 
 void PeerExecutor::release_fast() {

@@ -106,9 +106,15 @@ class PeerExecutor {
   // Whether every member published its flag allocation (each does when it starts its
   // executor); maps the ones not mapped yet. False for good once the fast path failed here.
   bool fast_ready(const std::vector<int>& slots);
-  // Enqueues `op` after the work on `user_stream`; returns an event recorded after it, to
-  // be handed back with release_event().
-  cudaEvent_t run_fast(const FastOp& op, cudaStream_t user_stream);
+  // Enqueues `op` after the work on `user_stream`: on that stream itself when `on_user_stream`
+  // (the caller waits for it at once: fewest API calls), else on the fast stream. Fast ops
+  // run in issue order whatever streams they take. Returns the stream it ran on and an event
+  // recorded after it, to be handed back with release_event().
+  struct FastLaunch {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+  };
+  FastLaunch run_fast(const FastOp& op, cudaStream_t user_stream, bool on_user_stream);
   void release_event(cudaEvent_t ev);
   // A fast op failed (the daemon found the members disagree, a peer died, a timeout): lets
   // every kernel of this rank that waits for a peer's flag go on, and turns the path off.
@@ -158,7 +164,12 @@ class PeerExecutor {
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   bool forked_ = false;
   void* flag_block_ = nullptr;  // and, after the first kFlagBlockBytes, the fast path's flags and staging
-  cudaStream_t fast_stream_ = nullptr;    // fast ops, in issue order
+  cudaStream_t fast_stream_ = nullptr;    // asynchronous fast ops
+  // The last fast op's stream and done event: a fast op on another stream waits for it. The
+  // event goes back to the pool only once it is no longer the last (see release_event).
+  cudaStream_t last_fast_stream_ = nullptr;
+  cudaEvent_t last_fast_done_ = nullptr;
+  bool last_fast_done_released_ = false;
   cudaStream_t rescue_stream_ = nullptr;  // release_fast()
   std::uint64_t fast_seq_ = 0;
   bool fast_off_ = false;
