@@ -249,7 +249,10 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
     if (op->plan_.base.op == OpType::Send || op->plan_.base.op == OpType::Recv) p2p_.push_back(op);
     else queue_.push_back(op);
     ++active_;
-    progress_locked(callbacks);
+    // A GPU fast-path op is already running: its caller must not pay for finishing earlier
+    // ops (their completions wait for a waiter or the progress thread).
+    if (op->plan_.base.flags & ipc::kFlagRankFast) submit_queued_locked(callbacks);
+    else progress_locked(callbacks);
   }
   work_cv_.notify_one();
   run(callbacks);
@@ -415,6 +418,11 @@ void ClientImpl::finish_locked(OpState& op, Deferred& callbacks) {
 
 void ClientImpl::progress_locked(Deferred& callbacks) {
   // Completions first: they free arena space for submissions.
+  complete_locked(callbacks);
+  submit_queued_locked(callbacks);
+}
+
+void ClientImpl::complete_locked(Deferred& callbacks) {
   ipc::CompletionDesc c;
   while (slot_.completions.try_pop(c) == ipc::SpscRing<ipc::CompletionDesc, ipc::kCompletionRingCapacity>::PopResult::Item) {
     auto it = inflight_.find(c.request_id);
@@ -461,6 +469,9 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
     p2p_bytes_ -= inf.p2p_bytes;
     if (op.inflight_ == 0 && (op.finished_ == op.nchunks_ || op.status_ != Status::Ok)) finish_locked(op, callbacks);
   }
+}
+
+void ClientImpl::submit_queued_locked(Deferred& callbacks) {
   // Submissions, strictly in issue order so every rank fills its arena alike.
   bool pushed = false;
   while (!queue_.empty()) {

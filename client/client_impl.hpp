@@ -124,7 +124,9 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // Runs deferred callbacks, then drops the released op references (outside the lock).
   static void run(Deferred& deferred);
   // Drives submissions and completions; returns callbacks to run outside the lock.
-  void progress_locked(Deferred& callbacks);
+  void progress_locked(Deferred& callbacks);  // complete_locked, then submit_queued_locked
+  void complete_locked(Deferred& callbacks);  // what the daemon answered
+  void submit_queued_locked(Deferred& callbacks);  // what may go to the daemon now
   // Blocks until `op` is done or `until`; returns whether it is done.
   bool wait_for(OpState& op, std::chrono::steady_clock::time_point until);
   std::mutex& mutex() { return mu_; }

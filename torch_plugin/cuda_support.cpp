@@ -503,10 +503,23 @@ void CudaPath::release_event(int index) {
 
 struct CudaPath::FastMark {
   cudaStream_t stream = nullptr;  // what the kernel ran on
-  cudaEvent_t event = nullptr;
+  cudaEvent_t event = nullptr;    // after it; null when it ran on its caller's stream
   std::weak_ptr<client::gpu::PeerExecutor> exec;  // its event pool
   ~FastMark() {
     if (auto x = exec.lock()) x->release_event(event);
+  }
+  // Makes `waiter` wait for the op.
+  void order(cudaStream_t waiter) const {
+    if (waiter == stream) return;
+    if (auto x = exec.lock()) {
+      try {
+        x->order_after(waiter, stream, event);
+      } catch (const std::exception& e) {
+        throw SmddpException(ErrorKind::Internal, std::string("smddp: ") + e.what());
+      }
+      return;
+    }
+    throw SmddpException(ErrorKind::Internal, "smddp: the GPU path is gone");
   }
 };
 
@@ -579,9 +592,7 @@ std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device device, const
 void CudaPath::block_current_stream(const std::shared_ptr<FastMark>& mark, c10::Device device) {
   if (!mark) return;
   c10::cuda::CUDAGuard g(device);
-  const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  if (current == mark->stream) return;  // stream order already
-  check(cudaStreamWaitEvent(current, mark->event, 0), "cudaStreamWaitEvent");
+  mark->order(c10::cuda::getCurrentCUDAStream(device.index()).stream());
 }
 
 void CudaPath::on_stream_of(const std::shared_ptr<FastMark>& mark, c10::Device device,
@@ -609,7 +620,7 @@ std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device device, const std
   {
     std::lock_guard lk(impl_->mu);
     stream = impl_->completion_stream(device.index());
-    if (after) check(cudaStreamWaitEvent(stream->stream(), after->event, 0), "cudaStreamWaitEvent");
+    if (after) after->order(stream->stream());
     for (const auto& d : daemon_done) {
       if (d.value > 0) {
         // The daemon's GPU writes the done flag after the work; wait for it on our GPU.

@@ -40,18 +40,13 @@ void WorkSMDDP::arm() {
     ops = ops_;
     children = children_;
   }
-  // A lone fast op: its kernel is enqueued, so its Future completes now, with the events it
-  // records following the kernel (as ProcessGroupNCCL's); finalize() only reports failures.
-  std::shared_ptr<gpu::CudaPath::FastMark> fast;
+  // A lone fast op: its kernel is enqueued, so its Future may complete at once, with the
+  // events it records following the kernel (as ProcessGroupNCCL's). That happens when
+  // somebody asks for it (getFuture): a plain synchronous call never pays for it.
+  // finalize() then only reports failures.
   {
     std::lock_guard lock(state_mutex_);
-    if (stream_only_locked()) {
-      fast = fast_;
-      future_at_issue_ = true;
-    }
-  }
-  if (fast) {
-    gpu::CudaPath::on_stream_of(fast, cuda_device_, [this] { future_->markCompleted(c10::IValue(outputs_)); });
+    future_at_issue_ = stream_only_locked();
   }
   // One extra count held until every callback is registered, so completion cannot run while
   // we are still registering.
@@ -180,8 +175,14 @@ void WorkSMDDP::finalize() {
   sync_children_ = children;
 
   finish(error);
+  bool fail_future = false;
+  if (error && future_at_issue_) {
+    std::lock_guard lock(state_mutex_);
+    fail_future = !future_marked_;  // nobody asked for it yet: it reports the failure
+    future_marked_ = true;
+  }
   if (error) {
-    if (!future_done && !future_at_issue_) {
+    if ((!future_done && !future_at_issue_) || fail_future) {
       future_->setError(error);
     }
   } else if (!future_done) {
@@ -344,6 +345,19 @@ bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> WorkSMDDP::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> WorkSMDDP::getFuture() {
+  std::shared_ptr<gpu::CudaPath::FastMark> fast;
+  {
+    std::lock_guard lock(state_mutex_);
+    if (future_at_issue_ && !future_marked_) {
+      future_marked_ = true;
+      fast = fast_;
+    }
+  }
+  if (fast) {
+    gpu::CudaPath::on_stream_of(fast, cuda_device_, [this] { future_->markCompleted(c10::IValue(outputs_)); });
+  }
+  return future_;
+}
 
 }  // namespace smddp::torch_plugin

@@ -119,7 +119,8 @@ class WorkSMDDP : public c10d::Work {
   std::vector<std::pair<at::Tensor, at::Tensor>> host_outputs_;  // (host, cuda)
   std::shared_ptr<gpu::CudaPath::FastMark> fast_;  // until finalize()
   bool waited_async_ = false;  // wait() returned before finalize(): report failures later
-  bool future_at_issue_ = false;  // a lone fast op: its Future completed when it was enqueued
+  bool future_at_issue_ = false;  // a lone fast op: its Future completes from the mark (getFuture)
+  bool future_marked_ = false;    // ... which happened (or finalize() failed it)
   std::shared_ptr<AsyncErrors> async_errors_;
   // The work is one fast op with nothing to do on completion (state_mutex_ held).
   bool stream_only_locked() const;

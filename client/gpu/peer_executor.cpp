@@ -235,6 +235,34 @@ bool PeerExecutor::fast_ready(const std::vector<int>& slots) {
   return true;
 }
 
+void PeerExecutor::order_after_locked(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done) {
+  if (waiter == s) return;  // stream order
+  if (done) {
+    check(cudaStreamWaitEvent(waiter, done, 0), "cudaStreamWaitEvent");
+    return;
+  }
+  // Nothing was recorded after that op (it ran on its caller's stream): a mark recorded on
+  // that stream now follows it (and whatever the caller queued since, which only orders more).
+  cudaEvent_t ev = take_event();
+  check(cudaEventRecord(ev, s), "cudaEventRecord");
+  const auto err = cudaStreamWaitEvent(waiter, ev, 0);
+  free_events_.push_back(ev);  // the wait took its state
+  check(err, "cudaStreamWaitEvent");
+}
+
+void PeerExecutor::order_after(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done) {
+  std::lock_guard lk(mu_);
+  DeviceScope scope(device_);
+  order_after_locked(waiter, s, done);
+}
+
+void PeerExecutor::set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held) {
+  if (last_fast_done_ && last_fast_done_released_) free_events_.push_back(last_fast_done_);
+  last_fast_done_ = done;
+  last_fast_done_released_ = !held;
+  last_fast_stream_ = s;
+}
+
 PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t user_stream, bool on_user_stream) {
   std::lock_guard lk(mu_);
   DeviceScope scope(device_);
@@ -266,22 +294,13 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
     const auto& ops = stream_ops();
     // After this rank's earlier fast ops, whose (lower) values must land first, and before
     // its later ones.
-    if (last_fast_done_ && last_fast_stream_ != fast_stream_) cudaStreamWaitEvent(fast_stream_, last_fast_done_, 0);
+    if (last_fast_stream_) order_after_locked(fast_stream_, last_fast_stream_, last_fast_done_);
     for (int r = 0; r < a.n; ++r)
       if (r != a.me)
         for (int b = 0; b < daemon::cuda::fast_blocks(a); ++b)
           ops.write(reinterpret_cast<CUstream>(fast_stream_), reinterpret_cast<CUdeviceptr>(a.signal[r] + b), a.seq,
                     CU_STREAM_WRITE_VALUE_DEFAULT);
-    cudaEvent_t after = take_event();
-    if (cudaEventRecord(after, fast_stream_) == cudaSuccess) {
-      if (last_fast_done_ && last_fast_done_released_) free_events_.push_back(last_fast_done_);
-      last_fast_done_ = after;
-      last_fast_done_released_ = true;  // no mark holds it
-      last_fast_stream_ = fast_stream_;
-    } else {
-      cudaGetLastError();
-      free_events_.push_back(after);
-    }
+    set_last_fast_locked(fast_stream_, nullptr, false);
     throw std::runtime_error(why);
   };
   if (fast_off_) dry("the GPU fast path is off after an earlier failure of it");
@@ -294,19 +313,19 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   }
   // Every member runs its fast ops in the order they were issued (the flags and the staging
   // parity count on it): after the last one, wherever that ran.
-  if (last_fast_done_ && last_fast_stream_ != s)
-    check(cudaStreamWaitEvent(s, last_fast_done_, 0), "cudaStreamWaitEvent");
-  cudaEvent_t done = take_event();
+  if (last_fast_stream_) order_after_locked(s, last_fast_stream_, last_fast_done_);
   if (const auto err = daemon::cuda::launch_fast(a, s); err != cudaSuccess) {
     cudaGetLastError();
-    free_events_.push_back(done);
     dry(std::string("fast-path kernel: ") + cudaGetErrorString(err));
   }
-  check(cudaEventRecord(done, s), "cudaEventRecord");
-  if (last_fast_done_ && last_fast_done_released_) free_events_.push_back(last_fast_done_);
-  last_fast_done_ = done;
-  last_fast_done_released_ = false;
-  last_fast_stream_ = s;
+  // On the caller's stream nothing more is needed now: who must follow the op (another
+  // stream, the next fast op elsewhere) records a mark on that stream when it does.
+  cudaEvent_t done = nullptr;
+  if (!on_user_stream) {
+    done = take_event();
+    check(cudaEventRecord(done, s), "cudaEventRecord");
+  }
+  set_last_fast_locked(s, done, done != nullptr);
   ++stats_.ops;
   ++stats_.kernel_launches;
   if (auto c = client_.lock()) c->count_gpu_work(op.op, 1, 0);

@@ -115,6 +115,8 @@ class PeerExecutor {
     cudaEvent_t done = nullptr;
   };
   FastLaunch run_fast(const FastOp& op, cudaStream_t user_stream, bool on_user_stream);
+  // Makes `waiter` wait for an op that ran on `s` (`done`: the event after it, or null).
+  void order_after(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done);
   void release_event(cudaEvent_t ev);
   // A fast op failed (the daemon found the members disagree, a peer died, a timeout): lets
   // every kernel of this rank that waits for a peer's flag go on, and turns the path off.
@@ -141,6 +143,9 @@ class PeerExecutor {
     void* ptr = nullptr;  // opened lazily
   };
   cudaEvent_t take_event();  // from the pool, or a new one (mu_ held)
+  void order_after_locked(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done);
+  // The last fast op ran on `s`, `done` after it (null: none recorded); `held`: a mark owns it.
+  void set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held);
   void run(const Plan& p);
   void* resolve(const Plan& p, int member, bool input);
   void* map(int slot, std::uint64_t alloc_id);
