@@ -96,6 +96,14 @@ std::uint64_t PeerExecutor::oneshot_max_bytes(int group_size) {
   return group_size <= 2 ? (4ull << 20) : (256ull << 10);
 }
 
+std::uint64_t PeerExecutor::twoshot_piece_bytes() {
+  static const std::uint64_t v = [] {
+    const char* e = std::getenv("SMDDP_TWOSHOT_PIECE_BYTES");
+    return e && *e ? std::strtoull(e, nullptr, 10) : (4ull << 20);
+  }();
+  return v;
+}
+
 bool PeerExecutor::twoshot_push() {
   // Pull by default: on 2xH200 it measured 334/348 GB/s at 256 MiB/1 GiB against push's
   // 326/333 (the kernel's remote stores do not beat the copy engines).
@@ -135,7 +143,8 @@ PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cu
   std::memcpy(bytes.data(), &h, sizeof h);
   client->publish_flag_block(bytes);
   peer_flags_.assign(static_cast<std::size_t>(client->local_world_size()), nullptr);
-  barriers_passed_.assign(static_cast<std::size_t>(client->local_world_size()), 0);
+  signals_sent_.assign(static_cast<std::size_t>(client->local_world_size()), 0);
+  signals_waited_.assign(static_cast<std::size_t>(client->local_world_size()), 0);
 }
 
 PeerExecutor::~PeerExecutor() {
@@ -453,26 +462,64 @@ void* PeerExecutor::resolve(const Plan& p, int member, bool input) {
   return at(map(m.slot, r.alloc_id), r.offset);
 }
 
-void PeerExecutor::barrier(const Plan& p) {
+void PeerExecutor::signal(const Plan& p) {
   const auto& ops = stream_ops();
   const auto s = reinterpret_cast<CUstream>(stream_);
   for (int i = 0; i < static_cast<int>(p.members.size()); ++i) {
     if (i == p.header.me) continue;
     const int peer = p.members[static_cast<std::size_t>(i)].slot;
-    const auto v = ++barriers_passed_.at(static_cast<std::size_t>(peer));
+    const auto v = ++signals_sent_.at(static_cast<std::size_t>(peer));
     const auto addr = reinterpret_cast<CUdeviceptr>(peer_flags(peer) + ipc::kBarrierFlagBase + my_slot_);
+    // With its default memory barrier: what the stream wrote before is visible to the peer first.
     if (ops.write(s, addr, v, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
       throw std::runtime_error("cuStreamWriteValue64 to local rank " + std::to_string(peer) + " failed");
   }
+}
+
+void PeerExecutor::wait_peers(const Plan& p, cudaStream_t stream) {
+  const auto& ops = stream_ops();
+  const auto s = reinterpret_cast<CUstream>(stream);
   for (int i = 0; i < static_cast<int>(p.members.size()); ++i) {
     if (i == p.header.me) continue;
     const int peer = p.members[static_cast<std::size_t>(i)].slot;
+    const auto v = ++signals_waited_.at(static_cast<std::size_t>(peer));
     const auto addr = reinterpret_cast<CUdeviceptr>(static_cast<std::uint64_t*>(flag_block_) + ipc::kBarrierFlagBase +
                                                     static_cast<std::size_t>(peer));
-    if (ops.wait(s, addr, barriers_passed_[static_cast<std::size_t>(peer)], CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+    if (ops.wait(s, addr, v, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
       throw std::runtime_error("cuStreamWaitValue64 failed");
   }
+}
+
+void PeerExecutor::barrier(const Plan& p) {
+  signal(p);
+  wait_peers(p, stream_);
   ++stats_.barriers;
+}
+
+void PeerExecutor::fork() {
+  // Must happen whatever went wrong: the side stream's waits and copies follow.
+  cudaError_t err = cudaEventRecord(fork_, stream_);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(side_, fork_, 0);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(std::string("fork to the side stream: ") + cudaGetErrorString(err));
+  }
+  forked_ = true;
+}
+
+void PeerExecutor::side_copy(void* dst, const void* src, std::uint64_t bytes) {
+  forked_ = true;
+  if (!dry_error_.empty() || bytes == 0 || dst == src) return;
+  if (!dst || !src) {
+    dry_error_ = "a member of the collective has no buffer where one is needed";
+    return;
+  }
+  if (const auto err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, side_); err != cudaSuccess) {
+    cudaGetLastError();
+    dry_error_ = std::string("cudaMemcpyAsync: ") + cudaGetErrorString(err);
+    return;
+  }
+  ++stats_.copies;
 }
 
 void PeerExecutor::reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l,
@@ -526,7 +573,6 @@ void PeerExecutor::copy_beside(void* dst, const void* src, std::uint64_t bytes) 
   cudaError_t err = cudaEventRecord(fork_, stream_);
   if (err == cudaSuccess) err = cudaStreamWaitEvent(side_, fork_, 0);
   if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, side_);
-  if (err == cudaSuccess) err = cudaEventRecord(join_, side_);
   if (err != cudaSuccess) {
     cudaGetLastError();
     dry_error_ = std::string("copy beside: ") + cudaGetErrorString(err);
@@ -539,8 +585,10 @@ void PeerExecutor::copy_beside(void* dst, const void* src, std::uint64_t bytes) 
 void PeerExecutor::join() {
   if (!forked_) return;
   forked_ = false;
-  // Must happen whatever went wrong since: the closing barrier waits for this copy.
-  if (const auto err = cudaStreamWaitEvent(stream_, join_, 0); err != cudaSuccess) {
+  // Must happen whatever went wrong since: the closing barrier waits for the side stream.
+  cudaError_t err = cudaEventRecord(join_, side_);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, join_, 0);
+  if (err != cudaSuccess) {
     cudaGetLastError();
     throw std::runtime_error(std::string("cudaStreamWaitEvent: ") + cudaGetErrorString(err));
   }
@@ -574,6 +622,7 @@ void PeerExecutor::run(const Plan& p) {
   a.out.assign(static_cast<std::size_t>(n), nullptr);
   a.oneshot_max = oneshot_max_bytes(n);
   a.push = twoshot_push();
+  a.pipeline_bytes = twoshot_piece_bytes();
   dry_error_.clear();
   try {
     for (int i = 0; i < n; ++i) {
@@ -623,6 +672,10 @@ void PeerExecutor::run(const Plan& p) {
         case Step::Kind::Copy: copy(st.dst, st.src, st.bytes); break;
         case Step::Kind::CopyBeside: copy_beside(st.dst, st.src, st.bytes); break;
         case Step::Kind::Join: join(); break;
+        case Step::Kind::Signal: signal(p); break;
+        case Step::Kind::WaitSide: wait_peers(p, side_); break;
+        case Step::Kind::Fork: fork(); break;
+        case Step::Kind::SideCopy: side_copy(st.dst, st.src, st.bytes); break;
       }
     }
   }

@@ -151,6 +151,13 @@ class PeerExecutor {
   void* map(int slot, std::uint64_t alloc_id);
   std::uint64_t* peer_flags(int slot);
   void barrier(const Plan& p);
+  void signal(const Plan& p);                   // on the main stream
+  void wait_peers(const Plan& p, cudaStream_t s);  // every peer's next signal
+  void fork();                                  // the side stream after the main one
+  void side_copy(void* dst, const void* src, std::uint64_t bytes);
+  // Two-shot pull AllReduce pipelined in pieces of this many bytes (SMDDP_TWOSHOT_PIECE_BYTES;
+  // 0: one piece).
+  static std::uint64_t twoshot_piece_bytes();
   // out = reduction of inputs; with `outs`, the result goes to each of them instead.
   void reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l, int n,
               const std::vector<void*>& outs = {});
@@ -181,7 +188,9 @@ class PeerExecutor {
   void* scratch_ = nullptr;
   std::uint64_t scratch_bytes_ = 0;
   std::vector<std::uint64_t*> peer_flags_;      // by slot, opened lazily (the whole flag allocation)
-  std::vector<std::uint64_t> barriers_passed_;  // by peer slot
+  // By peer slot: the signals this rank sent it and the ones it waited for (a barrier is one
+  // of each; every member of an op sends and waits as often, in the same order).
+  std::vector<std::uint64_t> signals_sent_, signals_waited_;
   std::map<std::pair<int, std::uint64_t>, Mapping> maps_;  // (slot, alloc id)
   std::vector<void*> retired_;  // mappings replaced while GPU work may still use them
   std::vector<void*> retired_scratch_;

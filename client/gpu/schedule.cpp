@@ -33,6 +33,10 @@ class Builder {
     s.bytes = bytes;
     steps.push_back(std::move(s));
   }
+  void signal() { steps.push_back(Step{Kind::Signal}); }
+  void wait_side() { steps.push_back(Step{Kind::WaitSide}); }
+  void fork() { steps.push_back(Step{Kind::Fork}); }
+  void join_side() { steps.push_back(Step{Kind::Join}); }
   void join() {
     if (!steps.empty() && steps.back().kind == Kind::CopyBeside) {
       // Nothing ran beside it yet: the copy can just as well run on the main stream.
@@ -43,6 +47,8 @@ class Builder {
       steps.push_back(Step{Kind::Join});
   }
 };
+
+constexpr std::uint64_t kMaxPieces = 8;
 
 bool oneshot(const ScheduleArgs& a, int n) {
   return a.count * ipc::dtype_size(a.dtype) <= a.oneshot_max || n == 1;
@@ -91,8 +97,30 @@ std::optional<std::vector<Step>> schedule(const ScheduleArgs& a, std::string& wh
             ((a.count + static_cast<std::uint64_t>(n) - 1) / static_cast<std::uint64_t>(n) + align - 1) / align * align;
         const auto first = [&](int i) { return std::min<std::uint64_t>(a.count, q * static_cast<std::uint64_t>(i)); };
         const std::uint64_t mine = first(me + 1) - first(me);
+        // Pieces per chunk: the same on every member (it depends on what they share).
+        const std::uint64_t pieces =
+            a.push || a.pipeline_bytes == 0
+                ? 1
+                : std::clamp<std::uint64_t>((q * e + a.pipeline_bytes - 1) / a.pipeline_bytes, 1, kMaxPieces);
         b.barrier();
-        if (a.push) {
+        if (pieces > 1) {
+          // Piece j of every chunk: reduced by its owner, who signals; the others' side
+          // streams wait for that and pull it while the owners reduce piece j+1.
+          const std::uint64_t qp = (q + pieces - 1) / pieces + align - 1;
+          const std::uint64_t piece = qp / align * align;
+          const auto lo = [&](int i, std::uint64_t j) { return std::min(first(i + 1), first(i) + j * piece); };
+          b.fork();
+          for (std::uint64_t j = 0; j < pieces; ++j) {
+            b.reduce(inputs_at(lo(me, j) * e), {at(my_out, lo(me, j) * e)}, lo(me, j + 1) - lo(me, j));
+            b.signal();
+            b.wait_side();
+            for (int i = 0; i < n; ++i)
+              if (i != me)
+                b.copy(at(my_out, lo(i, j) * e), at(a.out[static_cast<std::size_t>(i)], lo(i, j) * e),
+                       (lo(i, j + 1) - lo(i, j)) * e, Kind::SideCopy);
+          }
+          b.join_side();
+        } else if (a.push) {
           std::vector<std::byte*> outs;
           for (int i = 0; i < n; ++i) outs.push_back(at(a.out[static_cast<std::size_t>(i)], first(me) * e));
           b.reduce(inputs_at(first(me) * e), outs, mine);

@@ -25,7 +25,15 @@ struct Step {
     Reduce,      // outs[j][i] = reduce over inputs[k][i], i < count (elements)
     Copy,        // bytes from src to dst, on the rank's stream (copy engine)
     CopyBeside,  // the same on a side stream, beside the next copies; Join waits for it
-    Join,
+    Join,        // the main stream waits for everything the side stream was given
+    // Split barriers (pipelines): Signal tells every other member that the main stream's
+    // work so far is done; WaitSide makes the side stream wait for every other member's next
+    // signal. A Barrier is a signal and a wait on the main stream; a member's k-th wait, of
+    // either kind, pairs with the others' k-th signal.
+    Signal,
+    WaitSide,
+    Fork,      // the side stream waits for the main stream's work so far
+    SideCopy,  // a copy on the side stream (after a Fork or a WaitSide)
   };
   Kind kind = Kind::Barrier;
   std::vector<const std::byte*> inputs;
@@ -48,6 +56,9 @@ struct ScheduleArgs {
   std::vector<std::byte*> in, out;
   std::uint64_t oneshot_max = 0;  // AllReduce up to this many bytes runs one-shot
   bool push = false;              // two-shot AllReduce: push form
+  // Two-shot pull AllReduce in pieces of about this many bytes per rank's chunk (at most 8):
+  // the copies of piece j run on the side stream beside the reduction of piece j+1. 0: one piece.
+  std::uint64_t pipeline_bytes = 0;
   std::byte* scratch = nullptr;   // needs_scratch() bytes, when it says so
 };
 

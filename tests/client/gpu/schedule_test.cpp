@@ -1,10 +1,12 @@
 // The GPU path's schedules (client/gpu/schedule.hpp) run on host memory: n simulated ranks in
-// one process, phase by phase (a phase is what lies between two barriers; the barriers order
-// every rank's phase k after every rank's phase k-1, as on the GPUs). For every collective,
-// group size 1-8, dtype width, in-place form, one-shot and two-shot (pull and push), it checks:
-//   - every member gets the same number of barriers (or a GPU would wait forever);
-//   - no two actors (a rank's stream, its side stream) touch the same bytes within a phase
-//     where one of them writes (a race on the GPUs);
+// one process, each with a main and a side stream, ordered only as the GPUs order them
+// (stream order, fork and join, and the flags of barriers and signals). For every collective,
+// group size 1-8, dtype width, in-place form, one-shot and two-shot (pull, pipelined pull and
+// push), it checks:
+//   - every member signals and waits the same number of times (or a GPU would wait forever),
+//     and nothing deadlocks;
+//   - no two actors (a rank's streams) touch the same bytes unordered while one of them
+//     writes (a race on the GPUs), by vector clocks over the happens-before order;
 //   - the results equal a reference computed independently.
 #include <gtest/gtest.h>
 
@@ -59,10 +61,12 @@ struct Case {
   bool in_place = false;
   std::uint64_t oneshot_max = 1 << 20;
   bool push = false;
+  std::uint64_t pipeline_bytes = 0;
   std::string name() const {
     return std::string(ipc::to_string(op)) + " " + std::string(ipc::to_string(dtype)) + " count " +
            std::to_string(count) + " n " + std::to_string(n) + " root " + std::to_string(root) +
-           (in_place ? " in-place" : "") + " oneshot_max " + std::to_string(oneshot_max) + (push ? " push" : "");
+           (in_place ? " in-place" : "") + " oneshot_max " + std::to_string(oneshot_max) + (push ? " push" : "") +
+           " pipeline_bytes " + std::to_string(pipeline_bytes);
   }
 };
 
@@ -135,6 +139,7 @@ class Sim {
       a.out = outs_;
       a.oneshot_max = c_.oneshot_max;
       a.push = c_.push;
+      a.pipeline_bytes = c_.pipeline_bytes;
       scratch_[r].resize(needs_scratch(a));
       a.scratch = scratch_[r].empty() ? nullptr : scratch_[r].data();
       std::string why;
@@ -142,55 +147,164 @@ class Sim {
       ASSERT_TRUE(s) << why;
       steps[r] = std::move(*s);
     }
-    // Phases.
-    std::vector<std::vector<std::vector<const Step*>>> phases(n_);
+    simulate(steps);
+  }
+
+  // Runs every rank's steps as the GPUs may: each rank has a main and a side stream, ordered
+  // only by stream order, Fork/Join/CopyBeside and the flags (a rank's k-th wait, of a
+  // Barrier or a WaitSide, needs every other rank's k-th signal, of a Barrier or a Signal).
+  // Vector clocks say which accesses are ordered: two by different actors that touch the
+  // same bytes, one of them writing, with neither before the other, are a race. A state
+  // where nothing can run any more with steps left is a deadlock (a GPU would wait for ever).
+  void simulate(const std::vector<std::vector<Step>>& steps) {
+    const std::size_t actors = 2 * n_;
+    struct Node {
+      const Step* step = nullptr;  // null: the signal half of a barrier
+      std::size_t actor = 0;
+      std::vector<std::size_t> deps;  // nodes
+      int wait_k = 0;                 // > 0: waits for every other rank's wait_k-th signal
+      int signal_k = 0;               // > 0: this rank's signal_k-th signal
+      std::size_t rank = 0;
+    };
+    std::vector<Node> nodes;
+    std::vector<std::vector<std::size_t>> signal_of(n_);  // rank -> node of its k-th signal (k-1)
+    std::vector<int> waits(n_, 0);
     for (std::size_t r = 0; r < n_; ++r) {
-      phases[r].emplace_back();
-      for (const auto& s : steps[r]) {
-        if (s.kind == Kind::Barrier) phases[r].emplace_back();
-        else phases[r].back().push_back(&s);
+      std::optional<std::size_t> last[2];
+      int signals = 0;
+      const auto add = [&](Node nd, int on) {
+        nd.rank = r;
+        nd.actor = r * 2 + static_cast<std::size_t>(on);
+        if (last[on]) nd.deps.push_back(*last[on]);
+        nodes.push_back(std::move(nd));
+        last[on] = nodes.size() - 1;
+        return nodes.size() - 1;
+      };
+      const auto fork = [&] {  // the side stream waits for the main stream's work so far
+        if (!last[0]) return;
+        Node f;
+        f.deps.push_back(*last[0]);
+        add(f, 1);
+      };
+      for (const Step& st : steps[r]) {
+        Node nd;
+        nd.step = &st;
+        switch (st.kind) {
+          case Kind::Barrier: {
+            Node sig;
+            sig.signal_k = ++signals;
+            signal_of[r].push_back(add(sig, 0));
+            nd.wait_k = ++waits[r];
+            add(nd, 0);
+            break;
+          }
+          case Kind::Signal:
+            nd.signal_k = ++signals;
+            signal_of[r].push_back(add(nd, 0));
+            break;
+          case Kind::WaitSide:
+            nd.wait_k = ++waits[r];
+            add(nd, 1);
+            break;
+          case Kind::Fork: fork(); break;
+          case Kind::CopyBeside:
+            fork();
+            add(nd, 1);
+            break;
+          case Kind::SideCopy: add(nd, 1); break;
+          case Kind::Join:
+            if (last[1]) nd.deps.push_back(*last[1]);
+            add(nd, 0);
+            break;
+          default: add(nd, 0); break;  // Reduce, Copy
+        }
       }
     }
-    for (std::size_t r = 1; r < n_; ++r)
-      ASSERT_EQ(phases[r].size(), phases[0].size()) << "rank " << r << " passes a different number of barriers";
-    for (std::size_t k = 0; k < phases[0].size(); ++k) {
-      // Accesses per actor (rank * 2 + side stream).
-      std::map<std::size_t, std::vector<Range>> reads, writes;
-      for (std::size_t r = 0; r < n_; ++r)
-        for (const Step* s : phases[r][k]) {
-          const std::size_t actor = r * 2 + (s->kind == Kind::CopyBeside ? 1 : 0);
+    for (std::size_t r = 1; r < n_; ++r) {
+      ASSERT_EQ(signal_of[r].size(), signal_of[0].size()) << "rank " << r << " signals a different number of times";
+      ASSERT_EQ(waits[r], waits[0]) << "rank " << r << " waits a different number of times";
+    }
+    ASSERT_EQ(static_cast<std::size_t>(waits[0]), signal_of[0].size()) << "signals and waits do not pair up";
+    for (auto& nd : nodes)
+      if (nd.wait_k > 0)
+        for (std::size_t q = 0; q < n_; ++q)
+          if (q != nd.rank) nd.deps.push_back(signal_of[q][static_cast<std::size_t>(nd.wait_k - 1)]);
+
+    // Topological order, vector clocks and the accesses of each node.
+    std::vector<std::vector<std::uint64_t>> vc(nodes.size());
+    std::vector<bool> done(nodes.size(), false);
+    struct Access {
+      std::size_t node;
+      Range range;
+      bool write;
+    };
+    std::vector<Access> accesses;
+    std::vector<std::uint64_t> ticks(actors, 0);
+    for (std::size_t finished = 0; finished < nodes.size();) {
+      bool progressed = false;
+      for (std::size_t i = 0; i < nodes.size(); ++i) {
+        if (done[i]) continue;
+        const Node& nd = nodes[i];
+        if (!std::all_of(nd.deps.begin(), nd.deps.end(), [&](std::size_t d) { return done[d]; })) continue;
+        vc[i].assign(actors, 0);
+        for (std::size_t d : nd.deps)
+          for (std::size_t a = 0; a < actors; ++a) vc[i][a] = std::max(vc[i][a], vc[d][a]);
+        vc[i][nd.actor] = ++ticks[nd.actor];
+        if (const Step* s = nd.step) {
           if (s->kind == Kind::Reduce) {
             const std::uint64_t b = s->count * e_;
             for (auto* p : s->inputs) {
-              ASSERT_NE(p, nullptr) << "rank " << r << " reduces a missing input";
-              reads[actor].push_back({p, p + b});
+              ASSERT_NE(p, nullptr) << "rank " << nd.rank << " reduces a missing input";
+              accesses.push_back({i, {p, p + b}, false});
             }
             for (auto* p : s->outs) {
-              ASSERT_NE(p, nullptr) << "rank " << r << " reduces into a missing output";
-              writes[actor].push_back({p, p + b});
+              ASSERT_NE(p, nullptr) << "rank " << nd.rank << " reduces into a missing output";
+              accesses.push_back({i, {p, p + b}, true});
             }
-          } else if (s->kind == Kind::Copy || s->kind == Kind::CopyBeside) {
-            ASSERT_NE(s->src, nullptr) << "rank " << r << " copies from a missing buffer";
-            ASSERT_NE(s->dst, nullptr) << "rank " << r << " copies into a missing buffer";
-            reads[actor].push_back({s->src, s->src + s->bytes});
-            writes[actor].push_back({s->dst, s->dst + s->bytes});
+          } else if (s->kind == Kind::Copy || s->kind == Kind::CopyBeside || s->kind == Kind::SideCopy) {
+            ASSERT_NE(s->src, nullptr) << "rank " << nd.rank << " copies from a missing buffer";
+            ASSERT_NE(s->dst, nullptr) << "rank " << nd.rank << " copies into a missing buffer";
+            accesses.push_back({i, {s->src, s->src + s->bytes}, false});
+            accesses.push_back({i, {s->dst, s->dst + s->bytes}, true});
           }
+          execute(*s);  // race-free (checked below), so this order gives the GPUs' result
         }
-      for (const auto& [a, ws] : writes)
-        for (const auto& w : ws)
-          for (std::size_t b = 0; b < 2 * n_; ++b) {
-            if (b == a) continue;
-            for (const auto& x : reads[b]) ASSERT_FALSE(w.overlaps(x)) << "phase " << k << ": actor " << a << " writes bytes actor " << b << " reads";
-            for (const auto& x : writes[b]) ASSERT_FALSE(w.overlaps(x)) << "phase " << k << ": actors " << a << " and " << b << " write the same bytes";
-          }
-      // Race-free, so any order gives the GPUs' result.
-      for (std::size_t r = 0; r < n_; ++r)
-        for (const Step* s : phases[r][k]) execute(*s);
+        done[i] = true;
+        ++finished;
+        progressed = true;
+      }
+      ASSERT_TRUE(progressed) << "deadlock: " << nodes.size() - finished << " steps can never run";
     }
+    // The op is done when its main stream is (the executor marks completion there): every
+    // step of a rank, side stream included, must come before its last main-stream step.
+    for (std::size_t r = 0; r < n_; ++r) {
+      std::optional<std::size_t> last_main;
+      for (std::size_t i = 0; i < nodes.size(); ++i)
+        if (nodes[i].actor == r * 2) last_main = i;
+      if (!last_main) continue;
+      for (std::size_t i = 0; i < nodes.size(); ++i) {
+        if (nodes[i].rank != r) continue;
+        ASSERT_LE(vc[i][nodes[i].actor], vc[*last_main][nodes[i].actor])
+            << "rank " << r << ": a step on its " << (nodes[i].actor % 2 ? "side" : "main")
+            << " stream may still run when the op is marked done";
+      }
+    }
+    const auto before = [&](const Access& a, const Access& b) {
+      return vc[a.node][nodes[a.node].actor] <= vc[b.node][nodes[a.node].actor];
+    };
+    for (std::size_t x = 0; x < accesses.size(); ++x)
+      for (std::size_t y = x + 1; y < accesses.size(); ++y) {
+        const Access& a = accesses[x];
+        const Access& b = accesses[y];
+        if (nodes[a.node].actor == nodes[b.node].actor || !(a.write || b.write) || !a.range.overlaps(b.range)) continue;
+        ASSERT_TRUE(before(a, b) || before(b, a))
+            << "race: rank " << nodes[a.node].rank << (nodes[a.node].actor % 2 ? " (side)" : "") << " and rank "
+            << nodes[b.node].rank << (nodes[b.node].actor % 2 ? " (side)" : "") << " touch the same bytes unordered";
+      }
   }
 
   void execute(const Step& s) {
-    if (s.kind == Kind::Copy || s.kind == Kind::CopyBeside) {
+    if (s.kind == Kind::Copy || s.kind == Kind::CopyBeside || s.kind == Kind::SideCopy) {
       std::memmove(s.dst, s.src, s.bytes);
     } else if (s.kind == Kind::Reduce) {
       std::vector<std::byte> acc(s.inputs[0], s.inputs[0] + s.count * e_);
@@ -285,6 +399,17 @@ TEST(GpuSchedule, TwoShotChunksCoverEveryElementWhenTheyDoNotDivideEvenly) {
   // Fewer aligned chunks than ranks (count 1 with 8 ranks) and ragged last chunks.
   for (int n : {2, 3, 5, 8})
     for (std::uint64_t count : {1, 2, 15, 17, 33, 4099}) check({OpType::AllReduce, DType::Int8, count, n, 0, true, 0});
+}
+
+TEST(GpuSchedule, TwoShotPullPipelinedInPieces) {
+  // Pieces of 16 bytes up to a whole chunk: 1 to 8 pieces, ragged last ones, empty ones where
+  // a chunk is short, in and out of place.
+  for (int n = 2; n <= 8; ++n)
+    for (auto t : kTypes)
+      for (std::uint64_t count : {7, 64, 1001, 4099})
+        for (std::uint64_t piece : {16, 64, 1024})
+          for (bool in_place : {false, true})
+            check({OpType::AllReduce, t, count, n, 0, in_place, 0, false, piece});
 }
 
 TEST(GpuSchedule, ReduceScatterAndReduceToEveryRoot) {
