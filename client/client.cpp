@@ -251,8 +251,12 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
     ++active_;
     // A GPU fast-path op is already running: its caller must not pay for finishing earlier
     // ops (their completions wait for a waiter or the progress thread).
-    if (op->plan_.base.flags & ipc::kFlagRankFast) submit_queued_locked(callbacks);
-    else progress_locked(callbacks);
+    if (op->plan_.base.flags & ipc::kFlagRankFast) {
+      fast_seen_ = true;
+      submit_queued_locked(callbacks);
+    } else {
+      progress_locked(callbacks);
+    }
   }
   work_cv_.notify_one();
   run(callbacks);
@@ -613,10 +617,13 @@ void ClientImpl::progress_thread() {
   Deferred callbacks;
   std::unique_lock lk(mu_);
   for (;;) {
-    work_cv_.wait(lk, [&] { return stop_ || (active_ > 0 && waiters_ == 0); });
+    // Once the GPU fast path is in use nobody waits for its ops on the CPU: this thread
+    // finishes them, and stays on the completion doorbell between them, so that issuing
+    // one does not have to wake it.
+    work_cv_.wait(lk, [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_)); });
     if (stop_) return;
     progress_locked(callbacks);
-    const bool idle = active_ == 0;
+    const bool idle = active_ == 0 && !fast_seen_;
     lk.unlock();
     run(callbacks);
     if (t_client_destroyed_here) return;

@@ -182,6 +182,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // User threads inside wait_for(). While there are some, they drive progress and the
   // progress thread stays off the doorbell, so the daemon's ring() needs no futex wake.
   int waiters_ = 0;
+  bool fast_seen_ = false;  // a GPU fast-path op was submitted (mu_): the progress thread stays on the doorbell
   std::thread progress_;
 };
 

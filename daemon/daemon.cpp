@@ -340,6 +340,18 @@ void Daemon::resolve(std::vector<Match> matches) {
               "SMDDP_FAST_MAX_BYTES must be the same on every rank)";
       else if (engine_ && engine_->spans_nodes(*m.comm))
         err = "smddp " + std::string(ipc::to_string(op)) + ": the GPU fast path is for groups within one node";
+      else if (const auto& p0 = m.posted.front();
+               std::any_of(m.posted.begin(), m.posted.end(),
+                           [&](const Posted& p) { return p.desc.wait_value != p0.desc.wait_value; })) {
+        // Each rank numbers its fast ops over all its groups; the kernels of the k-th ones met.
+        std::string who;
+        for (const auto& p : m.posted)
+          who += (who.empty() ? "" : ", ") + std::string("rank ") + std::to_string(segment_.slot(p.slot).rank) +
+                 " #" + std::to_string(p.desc.wait_value);
+        err = "smddp " + std::string(ipc::to_string(op)) +
+              ": ranks issued their GPU fast-path collectives of different groups in different orders (this one "
+              "is fast op " + who + "); issue collectives in the same order on every rank";
+      }
       if (!err) {
         ++collectives_done_;
         ++rank_exec_ops_;

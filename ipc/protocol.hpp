@@ -61,6 +61,8 @@ inline constexpr std::uint32_t kFlagRankExec = 1u << 7;
 // against the others' staging buffers, when they post this. It carries no buffers; the
 // daemon matches and checks it like any collective and answers with a plain completion
 // (an error when the members disagree, which makes the ranks release their waiting kernels).
+// wait_value carries the rank's fast-op number, counted over every group: the members of
+// a match must agree on it, or their kernels paired different operations.
 inline constexpr std::uint32_t kFlagRankFast = 1u << 8;
 inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
                                              kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait |

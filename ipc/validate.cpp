@@ -147,6 +147,7 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
     if (r.flags & ~(kFlagRankFast | kFlagInPlace | kFlagLastChunk)) return bad("the fast path takes no other flags");
     if (r.wait_event != -1) return bad("a fast-path request carries no CUDA event");
     if (r.count == 0) return bad("an empty fast-path request");
+    if (r.wait_value == 0) return bad("a fast-path request without its fast-op number");
     return std::nullopt;
   }
   const auto want = expected_bytes(r, ctx.group_size, ctx.group_rank);

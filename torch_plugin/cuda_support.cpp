@@ -169,6 +169,7 @@ struct CudaPath::Impl {
   std::vector<cudaEvent_t> daemon_events;    // by index, opened lazily
   std::map<int, c10::cuda::CUDAStream> completion;  // device -> pool stream
   std::shared_ptr<DoneEventPool> done_events = std::make_shared<DoneEventPool>();
+  std::mutex fast_mu;  // numbering, posting and enqueuing a fast op, as one step
   std::map<int, std::string> bus_ids;        // device -> PCI bus id
   std::string my_bus;
   // Stream-flag modes: flags in a GPU block we allocate and export (default: the GPU re-polls
@@ -538,10 +539,10 @@ bool CudaPath::fast_eligible(const client::DeviceCall& call, const at::Tensor& i
   return client::gpu::PeerExecutor::fast_eligible(f);
 }
 
-std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device device, const client::DeviceCall& call,
-                                                       const at::Tensor& in, const at::Tensor& out, double scale,
-                                                       const std::vector<int>& slots, int me, bool on_caller_stream,
-                                                       const std::function<std::optional<std::string>()>& posted_error) {
+std::pair<client::WorkPtr, std::shared_ptr<CudaPath::FastMark>> CudaPath::run_fast(
+    c10::Device device, const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out, double scale,
+    const std::vector<int>& slots, int me, bool on_caller_stream, bool copy_engines,
+    const std::function<client::WorkPtr(std::uint64_t fast_seq)>& post) {
   c10::cuda::CUDAGuard g(device);
   std::shared_ptr<client::gpu::PeerExecutor> x;
   {
@@ -559,13 +560,17 @@ std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device device, const
   f.out = out.data_ptr();
   f.slots = slots;
   f.me = me;
-  const auto fail = [&](const std::string& why) -> std::shared_ptr<FastMark> {
+  f.copy_engines = copy_engines;
+  const auto fail = [&](const std::string& why) {
     throw SmddpException(ErrorKind::Internal, "smddp " + std::string(ipc::to_string(call.op)) + ": " + why);
   };
+  std::lock_guard order(impl_->fast_mu);
+  f.seq = x->reserve_fast_seq();
+  client::WorkPtr op = post(f.seq);
   try {
     // Only before the first fast op of a member that has not started its GPU path yet.
     for (int spin = 0; !x->fast_off() && !x->fast_ready(slots); ++spin) {
-      if (auto why = posted_error()) return fail(*why);
+      if (op->done() && op->status() != client::Status::Ok) fail(op->error());
       std::this_thread::sleep_for(std::chrono::microseconds(spin < 100 ? 10 : 1000));
     }
     auto mark = std::make_shared<FastMark>();
@@ -581,12 +586,13 @@ std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device device, const
       for (const at::Tensor* t : {&in, &out})
         c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), side);
     }
-    return mark;
+    return {std::move(op), std::move(mark)};
   } catch (const SmddpException&) {
     throw;
   } catch (const std::exception& e) {
-    return fail(e.what());
+    fail(e.what());
   }
+  return {};  // not reached: fail() throws
 }
 
 void CudaPath::block_current_stream(const std::shared_ptr<FastMark>& mark, c10::Device device) {
@@ -742,10 +748,10 @@ struct CudaPath::FastMark {};
 bool CudaPath::fast_eligible(const client::DeviceCall&, const at::Tensor&, const at::Tensor&, double, int) const {
   return false;
 }
-std::shared_ptr<CudaPath::FastMark> CudaPath::run_fast(c10::Device, const client::DeviceCall&, const at::Tensor&,
-                                                       const at::Tensor&, double, const std::vector<int>&, int, bool,
-                                                       const std::function<std::optional<std::string>()>&) {
-  return nullptr;
+std::pair<client::WorkPtr, std::shared_ptr<CudaPath::FastMark>> CudaPath::run_fast(
+    c10::Device, const client::DeviceCall&, const at::Tensor&, const at::Tensor&, double, const std::vector<int>&, int,
+    bool, bool, const std::function<client::WorkPtr(std::uint64_t)>&) {
+  return {};
 }
 void CudaPath::block_current_stream(const std::shared_ptr<FastMark>&, c10::Device) {}
 void CudaPath::on_stream_of(const std::shared_ptr<FastMark>&, c10::Device, const std::function<void()>& body) { body(); }

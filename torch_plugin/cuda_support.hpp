@@ -81,14 +81,16 @@ class CudaPath {
   bool fast_eligible(const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out, double scale,
                      int group_size) const;
   // FastMark: what marks a fast op done on the GPU (an event after its kernel).
-  // Enqueues the fast op after the current stream's work. The caller already posted its
-  // request; until every member published its flag allocation (each does before posting
-  // its first GPU request) this waits, and `posted_error` says whether the request failed.
+  // Numbers the fast op, has `post` submit its request with that number, then enqueues it
+  // after the current stream's work (all of it under one lock: the numbers follow the
+  // order of the kernels). Until every member published its flag allocation (each does
+  // before posting its first GPU request) this waits, and fails if the request does.
   // `on_caller_stream`: run it on the current stream itself (the caller waits at once).
-  std::shared_ptr<FastMark> run_fast(c10::Device device, const client::DeviceCall& call, const at::Tensor& in,
-                                     const at::Tensor& out, double scale, const std::vector<int>& slots, int me,
-                                     bool on_caller_stream,
-                                     const std::function<std::optional<std::string>()>& posted_error);
+  // `copy_engines`: an AllGather moved by copy engines only (SMDATAPARALLEL_OPTIMIZE_SDP).
+  std::pair<client::WorkPtr, std::shared_ptr<FastMark>> run_fast(
+      c10::Device device, const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out, double scale,
+      const std::vector<int>& slots, int me, bool on_caller_stream, bool copy_engines,
+      const std::function<client::WorkPtr(std::uint64_t fast_seq)>& post);
   // Makes the current stream wait for the op (nothing if the op ran on it).
   static void block_current_stream(const std::shared_ptr<FastMark>& mark, c10::Device device);
   // Runs `body` (a Future's completion) with the op's stream current: what it records

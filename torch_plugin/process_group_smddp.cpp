@@ -127,7 +127,7 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(const Config& config, std::shared_ptr<clien
       timeout_(config.timeout),
       group_id_(config.group_id),
       sdp_allgather_(env_true("SMDATAPARALLEL_OPTIMIZE_SDP")),
-      world_(config.global_ranks.empty()) {}
+      fast_group_(comm_->size() == client_->world_size()) {}
 
 ProcessGroupSMDDP::~ProcessGroupSMDDP() {
   comm_.reset();
@@ -190,9 +190,8 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
   if (spans_nodes(call)) {
     return host_staged_call(w, call, in, out, co);
   }
-  if (world_ && in && out && in->numel() > 0 && out->numel() > 0 && call.splits.empty() &&
-      client_->num_nodes() == 1 && !(call.op == client::OpType::AllGather && co.sdp) &&
-      cuda_path_->fast_eligible(call, *in, *out, co.scale, comm_->size())) {
+  if (fast_group_ && in && out && in->numel() > 0 && out->numel() > 0 && call.splits.empty() &&
+      client_->num_nodes() == 1 && cuda_path_->fast_eligible(call, *in, *out, co.scale, comm_->size())) {
     return fast_call(w, std::move(call), *in, *out, co);
   }
   const auto bytes_of = [](const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); };
@@ -251,16 +250,15 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
 client::WorkPtr ProcessGroupSMDDP::fast_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor& in,
                                              const at::Tensor& out, const client::CallOptions& co) {
   call.fast = true;
-  auto op = comm_->device_op(call, co);
   // One node: local ranks are the global ones.
   const std::vector<int>& slots = comm_->global_ranks();
-  auto mark = cuda_path_->run_fast(in.device(), call, in, out, co.scale, slots, comm_->rank(), co.caller_waits,
-                                   [&op]() -> std::optional<std::string> {
-                                     if (op->done() && op->status() != client::Status::Ok) {
-                                       return op->error();
-                                     }
-                                     return std::nullopt;
-                                   });
+  // SMDATAPARALLEL_OPTIMIZE_SDP: AllGather launches no kernel, here too.
+  const bool copy_engines = call.op == client::OpType::AllGather && co.sdp;
+  auto [op, mark] = cuda_path_->run_fast(in.device(), call, in, out, co.scale, slots, comm_->rank(), co.caller_waits,
+                                         copy_engines, [&](std::uint64_t fast_seq) {
+                                           call.wait_value = fast_seq;
+                                           return comm_->device_op(call, co);
+                                         });
   w.keep_alive(in);
   w.set_fast(std::move(mark));
   return op;

@@ -127,9 +127,10 @@ class ProcessGroupSMDDP : public BackendBase {
   std::chrono::milliseconds timeout_;
   std::string group_id_;
   bool sdp_allgather_ = false;  // SMDATAPARALLEL_OPTIMIZE_SDP
-  // The world group: the only one that takes the GPU fast path (every member numbers its
-  // fast ops alike only within one group; see client/gpu/peer_executor.hpp).
-  bool world_ = false;
+  // A group of every rank of the job (the world, or another group with its members): the
+  // only ones that take the GPU fast path. Each rank numbers its fast ops over all of them
+  // alike only if every such group has the same members (client/gpu/peer_executor.hpp).
+  bool fast_group_ = false;
   std::shared_ptr<AsyncErrors> async_errors_ = std::make_shared<AsyncErrors>();
   std::shared_ptr<gpu::CudaPath> cuda_path_;  // created on the first CUDA call
   std::atomic<std::uint64_t> sequence_{0};

@@ -99,7 +99,10 @@ std::uint64_t PeerExecutor::oneshot_max_bytes(int group_size) {
 std::uint64_t PeerExecutor::twoshot_piece_bytes() {
   static const std::uint64_t v = [] {
     const char* e = std::getenv("SMDDP_TWOSHOT_PIECE_BYTES");
-    return e && *e ? std::strtoull(e, nullptr, 10) : (4ull << 20);
+    // Off by default: on 2xH200 pieces of 4 MiB made 64 MiB 11% slower (292 -> 260 GB/s
+    // busbw) and 16 MiB pieces changed nothing (the pulls and the reduction's remote reads
+    // share the same NVLink direction, and each piece adds launches and flag round trips).
+    return e && *e ? std::strtoull(e, nullptr, 10) : 0ull;
   }();
   return v;
 }
@@ -225,6 +228,11 @@ bool PeerExecutor::fast_eligible(const FastOp& op) {
   return in_bytes <= fast_max_bytes() && daemon::cuda::fast_stage_bytes(a) <= kFastStageBytes;
 }
 
+std::uint64_t PeerExecutor::reserve_fast_seq() {
+  std::lock_guard lk(mu_);
+  return ++fast_seq_;
+}
+
 bool PeerExecutor::fast_off() const {
   std::lock_guard lk(mu_);
   return fast_off_;
@@ -285,7 +293,8 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   a.count = op.count;
   a.in = op.in;
   a.out = op.out;
-  a.seq = ++fast_seq_;
+  a.seq = op.seq;
+  if (a.seq == 0 || a.seq > fast_seq_) throw std::runtime_error("a fast op without its reserved number");
   const std::size_t stage = kFastStageOffset + static_cast<std::size_t>(a.seq % 2) * kFastStageBytes;
   for (int r = 0; r < a.n; ++r) {
     const int s = op.slots[static_cast<std::size_t>(r)];
@@ -323,9 +332,19 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   // Every member runs its fast ops in the order they were issued (the flags and the staging
   // parity count on it): after the last one, wherever that ran.
   if (last_fast_stream_) order_after_locked(s, last_fast_stream_, last_fast_done_);
-  if (const auto err = daemon::cuda::launch_fast(a, s); err != cudaSuccess) {
+  if (op.copy_engines && op.op == ipc::OpType::AllGather) {
+    try {
+      run_fast_copies(a, s);
+    } catch (...) {
+      set_last_fast_locked(s, nullptr, false);  // what it enqueued still orders the next op
+      throw;
+    }
+  } else if (const auto err = daemon::cuda::launch_fast(a, s); err != cudaSuccess) {
     cudaGetLastError();
     dry(std::string("fast-path kernel: ") + cudaGetErrorString(err));
+  } else {
+    ++stats_.kernel_launches;
+    if (auto c = client_.lock()) c->count_gpu_work(op.op, 1, 0);
   }
   // On the caller's stream nothing more is needed now: who must follow the op (another
   // stream, the next fast op elsewhere) records a mark on that stream when it does.
@@ -336,9 +355,39 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   }
   set_last_fast_locked(s, done, done != nullptr);
   ++stats_.ops;
-  ++stats_.kernel_launches;
-  if (auto c = client_.lock()) c->count_gpu_work(op.op, 1, 0);
   return {s, done};
+}
+
+void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t s) {
+  // The kernel's steps, by copy engines and stream memory operations (one flag word per peer:
+  // that of thread block 0). Once enqueued the op must run to its end, or the peers would
+  // wait for this rank's flag: a failed copy only makes the result wrong, and is reported.
+  const std::uint64_t bytes = a.count * ipc::dtype_size(a.dtype);
+  const auto& ops = stream_ops();
+  std::string failed;
+  const auto copy = [&](void* dst, const void* src) {
+    if (dst == src) return;
+    if (const auto err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s); err != cudaSuccess) {
+      cudaGetLastError();
+      if (failed.empty()) failed = std::string("cudaMemcpyAsync: ") + cudaGetErrorString(err);
+    }
+  };
+  copy(a.stage[a.me], a.in);
+  for (int r = 0; r < a.n; ++r)
+    if (r != a.me &&
+        ops.write(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(a.signal[r]), a.seq,
+                  CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS && failed.empty())
+      failed = "cuStreamWriteValue64 failed";
+  for (int r = 0; r < a.n; ++r)
+    if (r != a.me &&
+        ops.wait(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(a.wait[r]), a.seq,
+                 CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS && failed.empty())
+      failed = "cuStreamWaitValue64 failed";
+  for (int r = 0; r < a.n; ++r)
+    copy(static_cast<std::byte*>(a.out) + static_cast<std::uint64_t>(r) * bytes, r == a.me ? a.in : a.stage[r]);
+  stats_.copies += static_cast<std::uint64_t>(a.n) + 1;
+  if (auto c = client_.lock()) c->count_gpu_work(ipc::OpType::AllGather, 0, static_cast<std::uint64_t>(a.n) + 1);
+  if (!failed.empty()) throw std::runtime_error(failed);
 }
 
 void PeerExecutor::release_fast() {

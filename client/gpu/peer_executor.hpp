@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "client/client.hpp"
+#include "daemon/cuda/device_kernels.hpp"
 #include "ipc/protocol.hpp"
 
 namespace smddp::client::gpu {
@@ -68,6 +69,10 @@ struct FastOp {
   void* out = nullptr;
   std::vector<int> slots;  // the members' local ranks, in group order
   int me = 0;              // this rank's index in slots
+  // AllGather with copy engines and stream memory operations only, no kernel
+  // (SMDATAPARALLEL_OPTIMIZE_SDP): the same staging and flags as the kernel.
+  bool copy_engines = false;
+  std::uint64_t seq = 0;  // from reserve_fast_seq()
 };
 
 // What this executor launched (the per-operation sums go to the daemon's status through
@@ -115,6 +120,9 @@ class PeerExecutor {
     cudaEvent_t done = nullptr;
   };
   FastLaunch run_fast(const FastOp& op, cudaStream_t user_stream, bool on_user_stream);
+  // The next fast op's number: every member numbers its fast ops alike (over all groups,
+  // which therefore all have the same members), and the daemon checks that they agree.
+  std::uint64_t reserve_fast_seq();
   // Makes `waiter` wait for an op that ran on `s` (`done`: the event after it, or null).
   void order_after(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done);
   void release_event(cudaEvent_t ev);
@@ -144,6 +152,7 @@ class PeerExecutor {
   };
   cudaEvent_t take_event();  // from the pool, or a new one (mu_ held)
   void order_after_locked(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done);
+  void run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t s);  // mu_ held
   // The last fast op ran on `s`, `done` after it (null: none recorded); `held`: a mark owns it.
   void set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held);
   void run(const Plan& p);
@@ -156,7 +165,7 @@ class PeerExecutor {
   void fork();                                  // the side stream after the main one
   void side_copy(void* dst, const void* src, std::uint64_t bytes);
   // Two-shot pull AllReduce pipelined in pieces of this many bytes (SMDDP_TWOSHOT_PIECE_BYTES;
-  // 0: one piece).
+  // 0, the default: one piece).
   static std::uint64_t twoshot_piece_bytes();
   // out = reduction of inputs; with `outs`, the result goes to each of them instead.
   void reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l, int n,

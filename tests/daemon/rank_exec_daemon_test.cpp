@@ -489,13 +489,15 @@ TEST(DaemonRankExec, HandlesCompletionsDoNotOverflowTheCompletionRing) {
 namespace smddp::daemon {
 namespace {
 
-DeviceCall fast_allreduce(std::uint64_t count) {
+// The rank's fast op number `seq` (counted over all its groups).
+DeviceCall fast_allreduce(std::uint64_t count, std::uint64_t seq = 1) {
   DeviceCall c;
   c.op = OpType::AllReduce;
   c.dtype = DType::Float32;
   c.reduce_op = ReduceOp::Sum;
   c.count = count;
   c.fast = true;
+  c.wait_value = seq;
   return c;
 }
 
@@ -517,9 +519,9 @@ TEST(DaemonRankFast, FastRequestsAreMatchedAndAnsweredWithoutPlans) {
   const auto job = unique_job("fast");
   DaemonThread daemon(job, 2);
   auto ranks = attach_ranks(job, 2);
-  for (int round = 0; round < 3; ++round) {
+  for (std::uint64_t round = 1; round <= 3; ++round) {
     std::vector<WorkPtr> w;
-    for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(fast_allreduce(kCount)));
+    for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(fast_allreduce(kCount, round)));
     wait_all(w);
   }
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(ranks[r]->rec.take().empty()) << "rank " << r << " got handles or plans";
@@ -548,9 +550,17 @@ TEST(DaemonRankFast, AnotherSizeOrThePlanPathIsAMismatch) {
   ASSERT_EQ(calls.size(), 1u) << "no handles or plan for a failed match";
   EXPECT_EQ(calls[0].c.status, Status::Mismatch);
 
+  {
+    // The same collective, but the ranks' kernels paired it with different fast ops (they
+    // issued fast ops of two groups in different orders).
+    auto w0 = ranks[0]->client->world()->device_op(fast_allreduce(kCount, 5));
+    auto w1 = ranks[1]->client->world()->device_op(fast_allreduce(kCount, 6));
+    expect_mismatch(w0, "different orders");
+    expect_mismatch(w1, "rank 1 #6");
+  }
   // The communicator still works.
   std::vector<WorkPtr> w;
-  for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(fast_allreduce(kCount)));
+  for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(fast_allreduce(kCount, 7)));
   wait_all(w);
 }
 

@@ -262,6 +262,7 @@ RequestDesc fast_request(OpType op = OpType::AllReduce, std::uint64_t n = 8) {
   d.dtype = DType::BFloat16;
   d.count = d.chunk_count = n;
   d.flags = kFlagRankFast;
+  d.wait_value = 1;  // the rank's fast-op number
   return d;
 }
 
@@ -298,4 +299,7 @@ TEST(ValidateRankFast, OtherCollectivesBuffersFlagsAndEventsAreRefused) {
   d = fast_request(OpType::AllReduce, 0);
   d.chunk_count = 0;
   EXPECT_TRUE(fails(d, gpu_ctx(), "empty fast-path request"));
+  d = fast_request();
+  d.wait_value = 0;
+  EXPECT_TRUE(fails(d, gpu_ctx(), "fast-op number"));
 }
