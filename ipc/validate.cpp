@@ -144,7 +144,8 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
       return bad("the fast path takes allreduce, allgather and reduce_scatter only");
     if (r.input.kind != BufferKind::None || r.output.kind != BufferKind::None || r.aux.kind != BufferKind::None)
       return bad("a fast-path request carries no buffers");
-    if (r.flags & ~(kFlagRankFast | kFlagInPlace | kFlagLastChunk)) return bad("the fast path takes no other flags");
+    if (r.flags & ~(kFlagRankFast | kFlagInPlace | kFlagLastChunk | kFlagSdp))
+      return bad("the fast path takes no other flags");
     if (r.wait_event != -1) return bad("a fast-path request carries no CUDA event");
     if (r.count == 0) return bad("an empty fast-path request");
     if (r.wait_value == 0) return bad("a fast-path request without its fast-op number");

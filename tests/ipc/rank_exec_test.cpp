@@ -278,6 +278,10 @@ TEST(ValidateRankFast, TheThreeCollectivesWithoutBuffersPass) {
   auto in_place = fast_request();
   in_place.flags |= kFlagInPlace;
   EXPECT_EQ(validate_request(in_place, gpu_ctx()), std::nullopt);
+  // What the client adds to every device request, and the SDP AllGather's mark.
+  auto sdp = fast_request(OpType::AllGather);
+  sdp.flags |= kFlagSdp | kFlagLastChunk;
+  EXPECT_EQ(validate_request(sdp, gpu_ctx()), std::nullopt);
 }
 
 TEST(ValidateRankFast, OtherCollectivesBuffersFlagsAndEventsAreRefused) {
