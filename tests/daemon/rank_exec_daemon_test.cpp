@@ -564,6 +564,31 @@ TEST(DaemonRankFast, AnotherSizeOrThePlanPathIsAMismatch) {
   wait_all(w);
 }
 
+TEST(DaemonRankFast, NobodyWaitsAndTheProgressThreadStillFinishesEveryOp) {
+  // As with the plugin's fast path: the caller never waits on the CPU, so only the client's
+  // progress thread can take the completions (and free the ring for more requests).
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("fastnowait");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  constexpr std::uint64_t kOps = 3 * ipc::kCompletionRingCapacity;  // more than the ring holds
+  std::vector<std::vector<WorkPtr>> works(2);
+  std::vector<std::thread> issuers;
+  for (int r = 0; r < 2; ++r)
+    issuers.emplace_back([&, r] {
+      for (std::uint64_t k = 1; k <= kOps; ++k)
+        works[static_cast<std::size_t>(r)].push_back(ranks[r]->client->world()->device_op(fast_allreduce(kCount, k)));
+    });
+  for (auto& t : issuers) t.join();
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  for (const auto& rank_works : works)
+    for (const auto& w : rank_works) {
+      while (!w->done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      ASSERT_TRUE(w->done()) << "a fast op nobody waits for never finished";
+      EXPECT_EQ(w->status(), Status::Ok) << w->error();
+    }
+}
+
 TEST(DaemonRankFast, AFastCallWithBuffersIsRefusedByTheClient) {
   spdlog::set_level(spdlog::level::warn);
   const auto job = unique_job("fastbad");
