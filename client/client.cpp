@@ -407,6 +407,11 @@ void ClientImpl::count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t 
   slot_.gpu_copies.fetch_add(copies, std::memory_order_relaxed);
 }
 
+void ClientImpl::set_failure_handler(std::function<void()> handler) {
+  std::lock_guard lk(mu_);
+  failure_handler_ = std::move(handler);
+}
+
 void ClientImpl::set_exec_handler(ExecHandler handler) {
   std::lock_guard lk(mu_);
   exec_handler_ = std::move(handler);
@@ -532,8 +537,12 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
 }
 
 bool ClientImpl::check_liveness_locked(Deferred& callbacks) {
-  if (!dead_.empty()) return false;
   auto& h = segment_.header();
+  if (!failure_reported_ && failure_handler_ && (!dead_.empty() || h.job_failed.load(std::memory_order_acquire))) {
+    failure_reported_ = true;
+    callbacks.callbacks.push_back(failure_handler_);
+  }
+  if (!dead_.empty()) return false;
   const auto now = Clock::now();
   const auto hb = h.heartbeat.load(std::memory_order_relaxed);
   if (hb != last_heartbeat_) {
@@ -555,6 +564,10 @@ bool ClientImpl::check_liveness_locked(Deferred& callbacks) {
     std::filesystem::remove(ipc::socket_path(job_id_, node_id_), ec);
   }
   fail_all_locked(Status::PeerFailed, dead_, callbacks);
+  if (!failure_reported_ && failure_handler_) {
+    failure_reported_ = true;
+    callbacks.callbacks.push_back(failure_handler_);
+  }
   return false;
 }
 

@@ -97,9 +97,6 @@ struct CallOptions {
   std::chrono::milliseconds timeout{0};  // 0: the communicator's default
   double scale = 1.0;                    // PREMUL_SUM factor
   bool sdp = false;                      // SMDATAPARALLEL_OPTIMIZE_SDP AllGather path
-  // GPU fast path: the caller waits for the op at once (torch's asyncOp=false), so its kernel
-  // may run on the caller's stream instead of a stream of its own.
-  bool caller_waits = false;
 };
 
 class Work {
@@ -240,6 +237,10 @@ class Client {
   // client's lock held: it must be quick and must not call back into the client.
   using ExecHandler = std::function<void(std::uint64_t token, const ipc::CompletionDesc&)>;
   virtual void set_exec_handler(ExecHandler handler) { (void)handler; }
+  // Runs once, on a client thread without the client's lock, when this client sees the job
+  // fail (the daemon's job_failed flag) or its daemon die: GPU work that waits for a peer's
+  // flag must then be released (the GPU fast path's kernels).
+  virtual void set_failure_handler(std::function<void()> handler) { (void)handler; }
   // Rank-side GPU execution: counts one operation of type `op` this rank's GPU ran, with the
   // kernels and copies it launched, where the daemon's status shows them.
   virtual void count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t copies) {

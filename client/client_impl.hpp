@@ -117,6 +117,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void publish_flag_block(const std::array<std::uint8_t, 64>& handle) override;
   std::optional<std::array<std::uint8_t, 64>> flag_block_of(int slot) const override;
   void set_exec_handler(ExecHandler handler) override;
+  void set_failure_handler(std::function<void()> handler) override;
   void count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t copies) override;
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
@@ -171,6 +172,8 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   static constexpr std::uint64_t kNoRegion = ~std::uint64_t{0};  // device request without aux
   std::mutex events_mu_;  // export_event may be called from any thread
   ExecHandler exec_handler_;  // guarded by mu_
+  std::function<void()> failure_handler_;  // guarded by mu_; run once
+  bool failure_reported_ = false;          // guarded by mu_
   std::uint64_t next_request_id_ = 1;
   std::string dead_;  // why the client can no longer work ("" while healthy)
   std::uint64_t last_heartbeat_ = 0;

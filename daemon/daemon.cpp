@@ -340,6 +340,12 @@ void Daemon::resolve(std::vector<Match> matches) {
               "SMDDP_FAST_MAX_BYTES must be the same on every rank)";
       else if (engine_ && engine_->spans_nodes(*m.comm))
         err = "smddp " + std::string(ipc::to_string(op)) + ": the GPU fast path is for groups within one node";
+      else if (const auto off = std::find_if(m.posted.begin(), m.posted.end(),
+                                             [](const Posted& p) { return p.desc.wait_value == ipc::kFastSeqOff; });
+               off != m.posted.end())
+        err = "smddp " + std::string(ipc::to_string(op)) + ": rank " + std::to_string(segment_.slot(off->slot).rank) +
+              " turned its GPU fast path off after an earlier failure of it; the members of this collective cannot "
+              "run it together";
       else if (const auto& p0 = m.posted.front();
                std::any_of(m.posted.begin(), m.posted.end(),
                            [&](const Posted& p) { return p.desc.wait_value != p0.desc.wait_value; })) {

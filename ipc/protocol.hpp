@@ -64,6 +64,9 @@ inline constexpr std::uint32_t kFlagRankExec = 1u << 7;
 // wait_value carries the rank's fast-op number, counted over every group: the members of
 // a match must agree on it, or their kernels paired different operations.
 inline constexpr std::uint32_t kFlagRankFast = 1u << 8;
+// The fast-op number of a rank whose fast path is off after a failure: a match with it fails,
+// which makes the other members release their kernels and stop taking the path too.
+inline constexpr std::uint64_t kFastSeqOff = ~std::uint64_t{0};
 inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
                                              kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait |
                                              kFlagRankExec | kFlagRankFast;

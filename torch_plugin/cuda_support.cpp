@@ -203,6 +203,10 @@ struct CudaPath::Impl {
     c->set_exec_handler([weak](std::uint64_t token, const ipc::CompletionDesc& done) {
       if (auto x = weak.lock()) x->on_completion(token, done);
     });
+    // A peer that died may leave this rank's fast kernels waiting for its flags.
+    c->set_failure_handler([weak] {
+      if (auto x = weak.lock()) x->release_fast();
+    });
     return *exec;
   }
   void* flag_block = nullptr;
@@ -346,7 +350,10 @@ CudaPath::CudaPath(std::shared_ptr<client::Client> client) : impl_(std::make_uni
 
 CudaPath::~CudaPath() {
   if (impl_->exec) {
-    if (auto c = impl_->client.lock()) c->set_exec_handler(nullptr);
+    if (auto c = impl_->client.lock()) {
+      c->set_exec_handler(nullptr);
+      c->set_failure_handler(nullptr);
+    }
     impl_->exec.reset();
   }
   for (auto& e : impl_->events)
@@ -564,18 +571,33 @@ std::pair<client::WorkPtr, std::shared_ptr<CudaPath::FastMark>> CudaPath::run_fa
   const auto fail = [&](const std::string& why) {
     throw SmddpException(ErrorKind::Internal, "smddp " + std::string(ipc::to_string(call.op)) + ": " + why);
   };
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   std::lock_guard order(impl_->fast_mu);
   f.seq = x->reserve_fast_seq();
-  client::WorkPtr op = post(f.seq);
+  client::WorkPtr op;
+  try {
+    // A rank whose path is off says so, and the daemon's error stops the others as well.
+    op = post(x->fast_off() ? ipc::kFastSeqOff : f.seq);
+  } catch (...) {
+    // The peers posted theirs and their kernels wait for this rank's flags.
+    try {
+      x->run_fast(f, stream, on_caller_stream, /*dry_only=*/true);
+    } catch (const std::exception&) {
+      // It always throws; the request's own error is the one to report.
+    }
+    throw;
+  }
   try {
     // Only before the first fast op of a member that has not started its GPU path yet.
     for (int spin = 0; !x->fast_off() && !x->fast_ready(slots); ++spin) {
-      if (op->done() && op->status() != client::Status::Ok) fail(op->error());
+      if (op->done() && op->status() != client::Status::Ok) {
+        x->release_fast();  // the others got the same answer and release theirs
+        fail(op->error());
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(spin < 100 ? 10 : 1000));
     }
     auto mark = std::make_shared<FastMark>();
-    const auto launched =
-        x->run_fast(f, c10::cuda::getCurrentCUDAStream(device.index()).stream(), on_caller_stream);
+    const auto launched = x->run_fast(f, stream, on_caller_stream);
     mark->stream = launched.stream;
     mark->event = launched.done;
     mark->exec = x;
@@ -590,6 +612,7 @@ std::pair<client::WorkPtr, std::shared_ptr<CudaPath::FastMark>> CudaPath::run_fa
   } catch (const SmddpException&) {
     throw;
   } catch (const std::exception& e) {
+    x->release_fast();  // whatever failed here, this rank stops taking the path
     fail(e.what());
   }
   return {};  // not reached: fail() throws

@@ -80,7 +80,8 @@ class CudaPath {
   // plan awaited. Whether `call` on these tensors takes it: the same answer on every member.
   bool fast_eligible(const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out, double scale,
                      int group_size) const;
-  // FastMark: what marks a fast op done on the GPU (an event after its kernel).
+  // FastMark: what marks a fast op done on the GPU: its stream, and an event after its
+  // kernel where it ran on a stream of its own (none on the caller's stream).
   // Numbers the fast op, has `post` submit its request with that number, then enqueues it
   // after the current stream's work (all of it under one lock: the numbers follow the
   // order of the kernels). Until every member published its flag allocation (each does

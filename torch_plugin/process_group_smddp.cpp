@@ -14,7 +14,7 @@ namespace {
 // torch 2.11 tells the backend whether the caller waits at once (asyncOp=false); older
 // versions do not, and the op is then treated as asynchronous.
 template <class Opts>
-bool caller_waits(const Opts& o) {
+bool waits_at_once(const Opts& o) {
   if constexpr (requires { o.asyncOp; }) {
     return !o.asyncOp;
   } else {
@@ -179,7 +179,8 @@ void ProcessGroupSMDDP::require_supported_path(const char* op, DevicePath path) 
 }
 
 client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor* in,
-                                               const at::Tensor* out, const client::CallOptions& co) {
+                                               const at::Tensor* out, const client::CallOptions& co,
+                                               bool caller_waits) {
   if (!cuda_path_) {
     cuda_path_ = gpu::path_for(client_);
   }
@@ -192,7 +193,7 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
   }
   if (fast_group_ && in && out && in->numel() > 0 && out->numel() > 0 && call.splits.empty() &&
       client_->num_nodes() == 1 && cuda_path_->fast_eligible(call, *in, *out, co.scale, comm_->size())) {
-    return fast_call(w, std::move(call), *in, *out, co);
+    return fast_call(w, std::move(call), *in, *out, co, caller_waits);
   }
   const auto bytes_of = [](const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); };
   // In place (allreduce, a broadcast root): one buffer for both roles.
@@ -248,13 +249,13 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
 }
 
 client::WorkPtr ProcessGroupSMDDP::fast_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor& in,
-                                             const at::Tensor& out, const client::CallOptions& co) {
+                                             const at::Tensor& out, const client::CallOptions& co, bool caller_waits) {
   call.fast = true;
   // One node: local ranks are the global ones.
   const std::vector<int>& slots = comm_->global_ranks();
   // SMDATAPARALLEL_OPTIMIZE_SDP: AllGather launches no kernel, here too.
   const bool copy_engines = call.op == client::OpType::AllGather && co.sdp;
-  auto [op, mark] = cuda_path_->run_fast(in.device(), call, in, out, co.scale, slots, comm_->rank(), co.caller_waits,
+  auto [op, mark] = cuda_path_->run_fast(in.device(), call, in, out, co.scale, slots, comm_->rank(), caller_waits,
                                          copy_engines, [&](std::uint64_t fast_seq) {
                                            call.wait_value = fast_seq;
                                            return comm_->device_op(call, co);
@@ -400,9 +401,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allreduce(std::vector<at::Tens
   return run(work, [&](WorkSMDDP& w) {
     w.keep_alive(t);
     auto co = call_options(opts.timeout, spec.scale);
-    co.caller_waits = caller_waits(opts);
     w.add_op(path == DevicePath::Cuda
-                 ? device_call(w, dcall(client::OpType::AllReduce, dtype, count_of(t), spec.op), &t, &t, co)
+                 ? device_call(w, dcall(client::OpType::AllReduce, dtype, count_of(t), spec.op), &t, &t, co,
+                               waits_at_once(opts))
                  : comm_->allreduce(data_of(t), data_of(t), count_of(t), dtype, spec.op,
                                     call_options(opts.timeout, spec.scale)));
   });
@@ -521,10 +522,10 @@ void ProcessGroupSMDDP::add_allgather_base(WorkSMDDP& w, const char* op, at::Ten
   w.keep_alive(output);
   auto co = call_options(opts.timeout);
   co.sdp = sdp_allgather_;
-  co.caller_waits = caller_waits(opts);
   const auto dtype = smddp_dtype(op, input, "input");
   w.add_op(input.is_cuda()
-               ? device_call(w, dcall(client::OpType::AllGather, dtype, count_of(input)), &input, &output, co)
+               ? device_call(w, dcall(client::OpType::AllGather, dtype, count_of(input)), &input, &output, co,
+                             waits_at_once(opts))
                : comm_->allgather(data_of(input), data_of(output), count_of(input), dtype, co));
 }
 
@@ -733,9 +734,9 @@ void ProcessGroupSMDDP::add_reduce_scatter_base(WorkSMDDP& w, const char* op, at
   w.keep_alive(input);
   w.keep_alive(output);
   auto co = call_options(opts.timeout, spec.scale);
-  co.caller_waits = caller_waits(opts);
   w.add_op(output.is_cuda()
-               ? device_call(w, dcall(client::OpType::ReduceScatter, dtype, count_of(output), spec.op), &input, &output, co)
+               ? device_call(w, dcall(client::OpType::ReduceScatter, dtype, count_of(output), spec.op), &input, &output, co,
+                             waits_at_once(opts))
                : comm_->reduce_scatter(data_of(input), data_of(output), count_of(output), dtype, spec.op,
                                        call_options(opts.timeout, spec.scale)));
 }

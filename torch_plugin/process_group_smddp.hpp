@@ -108,12 +108,14 @@ class ProcessGroupSMDDP : public BackendBase {
   bool spans_nodes(const client::DeviceCall& call) const;
   client::WorkPtr host_staged_call(WorkSMDDP& w, const client::DeviceCall& call, const at::Tensor* in,
                                    const at::Tensor* out, const client::CallOptions& co);
+  // `caller_waits`: the caller waits for the op at once (torch 2.11's asyncOp=false), so a
+  // fast-path kernel may run on its stream instead of a stream of its own.
   client::WorkPtr device_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor* in, const at::Tensor* out,
-                              const client::CallOptions& co);
+                              const client::CallOptions& co, bool caller_waits = false);
   // The GPU fast path (gpu::CudaPath::fast_eligible): posts the request, then enqueues the
   // kernel at once.
   client::WorkPtr fast_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor& in, const at::Tensor& out,
-                            const client::CallOptions& co);
+                            const client::CallOptions& co, bool caller_waits);
   client::CallOptions call_options(std::chrono::milliseconds timeout, double scale = 1.0) const;
 
   // Shared helpers of the single-tensor and coalesced forms.

@@ -39,13 +39,10 @@ void WorkSMDDP::arm() {
     armed_ = true;
     ops = ops_;
     children = children_;
-  }
-  // A lone fast op: its kernel is enqueued, so its Future may complete at once, with the
-  // events it records following the kernel (as ProcessGroupNCCL's). That happens when
-  // somebody asks for it (getFuture): a plain synchronous call never pays for it.
-  // finalize() then only reports failures.
-  {
-    std::lock_guard lock(state_mutex_);
+    // A lone fast op: its kernel is enqueued, so its Future may complete at once, with the
+    // events it records following the kernel (as ProcessGroupNCCL's). That happens when
+    // somebody asks for it (getFuture): a plain synchronous call never pays for it.
+    // finalize() then only reports failures.
     future_at_issue_ = stream_only_locked();
   }
   // One extra count held until every callback is registered, so completion cannot run while
@@ -153,9 +150,15 @@ void WorkSMDDP::finalize() {
         error = std::current_exception();
       }
     }
-    if (error && fast_) {
+    bool had_fast = false;
+    {
+      std::lock_guard lock(state_mutex_);
+      had_fast = fast_ != nullptr;
+    }
+    if (error && had_fast) {
       // The members disagreed, one died or timed out: a kernel of this rank may wait for a
-      // peer's flag that never comes.
+      // peer's flag that never comes. The path is off here from now on, which this rank's
+      // next request tells the others.
       cuda_->release_fast();
     }
     for (auto& [s, to] : staging_) {
@@ -196,7 +199,10 @@ void WorkSMDDP::finalize() {
     if (!future_at_issue_) {
       fast_.reset();  // done_ follows it; its event goes back to the pool
     }
-    if (error && waited_async_ && async_errors_) {
+    // The caller may have seen success already: from wait() (which only ordered its stream)
+    // or from the Future, completed when asked for. The next call reports the failure.
+    const bool future_said_ok = future_at_issue_ && !fail_future;
+    if (error && (waited_async_ || future_said_ok) && async_errors_) {
       async_errors_->note(error);
     }
     listeners.swap(listeners_);

@@ -117,7 +117,8 @@ class WorkSMDDP : public c10d::Work {
   std::vector<c10::intrusive_ptr<WorkSMDDP>> sync_children_;
   std::vector<std::pair<std::shared_ptr<gpu::CudaPath::Staging>, at::Tensor>> staging_;
   std::vector<std::pair<at::Tensor, at::Tensor>> host_outputs_;  // (host, cuda)
-  std::shared_ptr<gpu::CudaPath::FastMark> fast_;  // until finalize()
+  // Until finalize(), or the Work's end for a lone fast op (its waits and Future use it).
+  std::shared_ptr<gpu::CudaPath::FastMark> fast_;
   bool waited_async_ = false;  // wait() returned before finalize(): report failures later
   bool future_at_issue_ = false;  // a lone fast op: its Future completes from the mark (getFuture)
   bool future_marked_ = false;    // ... which happened (or finalize() failed it)

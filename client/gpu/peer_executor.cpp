@@ -135,7 +135,8 @@ PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cu
   // Now, not at a first launch: with lazy loading that may wait for the context to go idle
   // while a fast kernel spins on a peer's flag (see preload_kernels).
   check(daemon::cuda::preload_kernels(), "loading the smddp kernels");
-  // The one-shot scratch too: growing it later frees the old one, which waits for the device.
+  // The one-shot scratch too, at its largest: growing it later keeps the old one until the
+  // end (freeing memory waits for the whole device).
   scratch_bytes_ = std::max<std::uint64_t>(oneshot_max_bytes(2), 1 << 20);
   check(cudaMalloc(&scratch_, scratch_bytes_), "cudaMalloc of the smddp one-shot buffer");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -157,22 +158,29 @@ PeerExecutor::~PeerExecutor() {
   // A fast kernel may still wait for a peer that is gone: release it first (what it
   // computes no longer matters), then nothing of ours may still be running.
   if (flag_block_ && rescue_stream_) {
-    cudaMemsetAsync(static_cast<std::byte*>(flag_block_) + kFastFlagsOffset, 0x7f, kFastFlagsBytes, rescue_stream_);
+    release_flags();
     cudaStreamSynchronize(rescue_stream_);
   }
-  if (stream_) cudaStreamSynchronize(stream_);
+  // Every stream that may still touch a peer's memory, before its mapping closes.
+  for (cudaStream_t st : {stream_, side_, fast_stream_, rescue_stream_})
+    if (st) cudaStreamSynchronize(st);
+  if (last_fast_stream_ && last_fast_stream_ != fast_stream_) {
+    // A fast kernel ran last on a caller's stream: wait for that point of it.
+    cudaEvent_t ev = nullptr;
+    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess) {
+      if (cudaEventRecord(ev, last_fast_stream_) == cudaSuccess) cudaEventSynchronize(ev);
+      cudaEventDestroy(ev);
+    }
+    cudaGetLastError();  // the caller's stream may be gone by now
+  }
   for (auto& [key, m] : maps_)
     if (m.ptr) cudaIpcCloseMemHandle(m.ptr);
   for (void* p : retired_) cudaIpcCloseMemHandle(p);
   for (auto* f : peer_flags_)
     if (f) cudaIpcCloseMemHandle(f);
   for (auto ev : all_events_) cudaEventDestroy(ev);
-  if (side_) cudaStreamSynchronize(side_);
-  if (side_) cudaStreamDestroy(side_);
-  if (fast_stream_) cudaStreamSynchronize(fast_stream_);
-  if (fast_stream_) cudaStreamDestroy(fast_stream_);
-  if (rescue_stream_) cudaStreamSynchronize(rescue_stream_);
-  if (rescue_stream_) cudaStreamDestroy(rescue_stream_);
+  for (cudaStream_t st : {side_, fast_stream_, rescue_stream_})
+    if (st) cudaStreamDestroy(st);
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
   if (scratch_) cudaFree(scratch_);
@@ -241,6 +249,7 @@ bool PeerExecutor::fast_off() const {
 bool PeerExecutor::fast_ready(const std::vector<int>& slots) {
   std::lock_guard lk(mu_);
   if (fast_off_) return false;
+  if (fast_mapped_) return true;  // fast groups have every local rank: mapped once for all
   auto client = client_.lock();
   if (!client) return false;
   DeviceScope scope(device_);
@@ -249,6 +258,7 @@ bool PeerExecutor::fast_ready(const std::vector<int>& slots) {
     if (!client->flag_block_of(s)) return false;
     peer_flags(s);  // maps it (throws if it cannot)
   }
+  fast_mapped_ = true;
   return true;
 }
 
@@ -280,7 +290,8 @@ void PeerExecutor::set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool h
   last_fast_stream_ = s;
 }
 
-PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t user_stream, bool on_user_stream) {
+PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t user_stream, bool on_user_stream,
+                                                bool dry_only) {
   std::lock_guard lk(mu_);
   DeviceScope scope(device_);
   daemon::cuda::FastArgs a;
@@ -295,24 +306,41 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   a.out = op.out;
   a.seq = op.seq;
   if (a.seq == 0 || a.seq > fast_seq_) throw std::runtime_error("a fast op without its reserved number");
-  const std::size_t stage = kFastStageOffset + static_cast<std::size_t>(a.seq % 2) * kFastStageBytes;
-  for (int r = 0; r < a.n; ++r) {
-    const int s = op.slots[static_cast<std::size_t>(r)];
-    auto* base = reinterpret_cast<std::byte*>(s == my_slot_ ? static_cast<std::uint64_t*>(flag_block_) : peer_flags(s));
-    auto* mine = static_cast<std::byte*>(flag_block_);
-    a.stage[r] = base + stage;
-    a.signal[r] = reinterpret_cast<std::uint64_t*>(base + kFastFlagsOffset) +
-                  static_cast<std::size_t>(my_slot_) * daemon::cuda::kFastMaxBlocks;
-    a.wait[r] = reinterpret_cast<const std::uint64_t*>(mine + kFastFlagsOffset) +
-                static_cast<std::size_t>(s) * daemon::cuda::kFastMaxBlocks;
+  try {
+    const std::size_t stage = kFastStageOffset + static_cast<std::size_t>(a.seq % 2) * kFastStageBytes;
+    for (int r = 0; r < a.n; ++r) {
+      const int s = op.slots[static_cast<std::size_t>(r)];
+      auto* base = reinterpret_cast<std::byte*>(s == my_slot_ ? static_cast<std::uint64_t*>(flag_block_) : peer_flags(s));
+      auto* mine = static_cast<std::byte*>(flag_block_);
+      a.stage[r] = base + stage;
+      a.signal[r] = reinterpret_cast<std::uint64_t*>(base + kFastFlagsOffset) +
+                    static_cast<std::size_t>(my_slot_) * daemon::cuda::kFastMaxBlocks;
+      a.wait[r] = reinterpret_cast<const std::uint64_t*>(mine + kFastFlagsOffset) +
+                  static_cast<std::size_t>(s) * daemon::cuda::kFastMaxBlocks;
+    }
+  } catch (...) {
+    // No peer mapping to raise flags in: this rank stops taking the path; its next request
+    // tells the daemon, whose error releases the peers (and the job's end does in any case).
+    fast_off_ = true;
+    throw;
   }
   // A "dry" op: the peers' kernels of this op wait for this rank's flags, so they are raised
-  // from the stream although this rank moves nothing (the caller reports the error).
+  // from the stream although this rank moves nothing, and the path is off here from now on
+  // (a dry op waits for nobody, so the staging turns are no longer safe). The caller reports
+  // the error; this rank's next request says it is off, and the daemon's error then releases
+  // and stops the peers too.
   const auto dry = [&](const std::string& why) {
+    fast_off_ = true;
     const auto& ops = stream_ops();
     // After this rank's earlier fast ops, whose (lower) values must land first, and before
     // its later ones.
-    if (last_fast_stream_) order_after_locked(fast_stream_, last_fast_stream_, last_fast_done_);
+    if (last_fast_stream_ && last_fast_stream_ != fast_stream_) {
+      try {
+        order_after_locked(fast_stream_, last_fast_stream_, last_fast_done_);
+      } catch (const std::exception&) {
+        // Raising the flags matters more than their order now.
+      }
+    }
     for (int r = 0; r < a.n; ++r)
       if (r != a.me)
         for (int b = 0; b < daemon::cuda::fast_blocks(a); ++b)
@@ -321,21 +349,30 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
     set_last_fast_locked(fast_stream_, nullptr, false);
     throw std::runtime_error(why);
   };
+  if (dry_only) dry("the GPU fast path's request failed");
   if (fast_off_) dry("the GPU fast path is off after an earlier failure of it");
   const cudaStream_t s = on_user_stream ? user_stream : fast_stream_;
-  if (!on_user_stream) {
-    cudaEvent_t ready = take_event();
-    check(cudaEventRecord(ready, user_stream), "cudaEventRecord");
-    check(cudaStreamWaitEvent(fast_stream_, ready, 0), "cudaStreamWaitEvent");
-    free_events_.push_back(ready);  // the wait above took its state
+  try {
+    if (!on_user_stream) {
+      cudaEvent_t ready = take_event();
+      const auto err = cudaEventRecord(ready, user_stream);
+      free_events_.push_back(ready);  // the wait below takes its state
+      check(err, "cudaEventRecord");
+      check(cudaStreamWaitEvent(fast_stream_, ready, 0), "cudaStreamWaitEvent");
+    }
+    // Every member runs its fast ops in the order they were issued (the flags and the
+    // staging turns count on it): after the last one, wherever that ran (already so when it
+    // ran on the caller's stream, which the fast stream now follows).
+    if (last_fast_stream_ && !(!on_user_stream && last_fast_stream_ == user_stream))
+      order_after_locked(s, last_fast_stream_, last_fast_done_);
+  } catch (const std::exception& e) {
+    dry(e.what());
   }
-  // Every member runs its fast ops in the order they were issued (the flags and the staging
-  // parity count on it): after the last one, wherever that ran.
-  if (last_fast_stream_) order_after_locked(s, last_fast_stream_, last_fast_done_);
   if (op.copy_engines && op.op == ipc::OpType::AllGather) {
     try {
       run_fast_copies(a, s);
     } catch (...) {
+      fast_off_ = true;
       set_last_fast_locked(s, nullptr, false);  // what it enqueued still orders the next op
       throw;
     }
@@ -347,11 +384,16 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
     if (auto c = client_.lock()) c->count_gpu_work(op.op, 1, 0);
   }
   // On the caller's stream nothing more is needed now: who must follow the op (another
-  // stream, the next fast op elsewhere) records a mark on that stream when it does.
+  // stream, the next fast op elsewhere) records a mark on that stream when it does. Without
+  // an event (a failed record) the same holds on the fast stream.
   cudaEvent_t done = nullptr;
   if (!on_user_stream) {
     done = take_event();
-    check(cudaEventRecord(done, s), "cudaEventRecord");
+    if (cudaEventRecord(done, s) != cudaSuccess) {
+      cudaGetLastError();
+      free_events_.push_back(done);
+      done = nullptr;
+    }
   }
   set_last_fast_locked(s, done, done != nullptr);
   ++stats_.ops;
@@ -394,6 +436,10 @@ void PeerExecutor::release_fast() {
   std::lock_guard lk(mu_);
   fast_off_ = true;
   DeviceScope scope(device_);
+  release_flags();
+}
+
+void PeerExecutor::release_flags() {
   // Every flag this rank waits on, far above any sequence number: waiting kernels finish
   // (with whatever the staging held) and the streams behind them drain.
   if (cudaMemsetAsync(static_cast<std::byte*>(flag_block_) + kFastFlagsOffset, 0x7f, kFastFlagsBytes, rescue_stream_) !=

@@ -13,10 +13,11 @@
 // client/gpu/schedule.hpp, plain C++ tested on host memory for 1-8 ranks; this file maps the
 // buffers, runs the steps on the GPU and implements the barriers.
 //
-// The fast path (small AllReduce, AllGather and ReduceScatter of the world group on one node)
-// skips the plan: the caller enqueues one kernel at once (daemon/cuda/device_kernels.hpp,
-// FastArgs) on a stream of its own, against staging buffers and flags that live in every
-// rank's flag allocation, mapped by all the others once. The daemon still matches and checks
+// The fast path (small AllReduce, AllGather and ReduceScatter of a group of all the job's
+// ranks, on one node) skips the plan: the caller enqueues one kernel at once
+// (daemon/cuda/device_kernels.hpp, FastArgs), on its own stream when it waits at once, else
+// on the fast stream, against staging buffers and flags that live in every rank's flag
+// allocation, mapped by all the others once. The daemon still matches and checks
 // the request (kFlagRankFast) and reports a disagreement as an error; a failed fast op
 // releases every flag this rank waits on, so no kernel spins for ever, and turns the fast
 // path off on this rank.
@@ -24,8 +25,8 @@
 // Threading: expect() from the calling thread, on_completion() from the client's exec
 // handler (client lock held: it only queues), drain() from any thread (it enqueues GPU work
 // in the order the daemon sent the plans, which every rank shares; that order keeps the
-// pairwise barrier counters of two ranks in step). run_fast() from the calling thread, in
-// the order the ranks issue the world group's collectives.
+// pairwise barrier counters of two ranks in step). reserve_fast_seq() and run_fast() from
+// the calling thread, in the order the ranks issue their fast-path collectives.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -119,7 +120,9 @@ class PeerExecutor {
     cudaStream_t stream = nullptr;
     cudaEvent_t done = nullptr;
   };
-  FastLaunch run_fast(const FastOp& op, cudaStream_t user_stream, bool on_user_stream);
+  // `dry_only`: its request could not be posted; only raise this rank's flags for the peers
+  // and turn the path off (throws, as every failure here does).
+  FastLaunch run_fast(const FastOp& op, cudaStream_t user_stream, bool on_user_stream, bool dry_only = false);
   // The next fast op's number: every member numbers its fast ops alike (over all groups,
   // which therefore all have the same members), and the daemon checks that they agree.
   std::uint64_t reserve_fast_seq();
@@ -153,6 +156,7 @@ class PeerExecutor {
   cudaEvent_t take_event();  // from the pool, or a new one (mu_ held)
   void order_after_locked(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done);
   void run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t s);  // mu_ held
+  void release_flags();  // on the rescue stream
   // The last fast op ran on `s`, `done` after it (null: none recorded); `held`: a mark owns it.
   void set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held);
   void run(const Plan& p);
@@ -194,6 +198,7 @@ class PeerExecutor {
   cudaStream_t rescue_stream_ = nullptr;  // release_fast()
   std::uint64_t fast_seq_ = 0;
   bool fast_off_ = false;
+  bool fast_mapped_ = false;  // every peer's flag allocation is mapped
   void* scratch_ = nullptr;
   std::uint64_t scratch_bytes_ = 0;
   std::vector<std::uint64_t*> peer_flags_;      // by slot, opened lazily (the whole flag allocation)

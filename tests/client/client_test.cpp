@@ -7,6 +7,7 @@
 #include <future>
 #include <numeric>
 #include <set>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -389,6 +390,32 @@ TEST(Client, JobErrorReportsTheHeadersJobError) {
   std::strncpy(daemon.header().job_error, why.c_str(), sizeof daemon.header().job_error - 1);
   daemon.header().job_failed.store(1, std::memory_order_release);
   EXPECT_EQ(c->job_error(), why);
+}
+
+TEST(Client, FailureHandlerRunsOnceWhenTheJobFails) {
+  // The GPU fast path releases its waiting kernels from it: it must run although nobody
+  // waits on the CPU (the progress thread notices), and only once.
+  const auto job = unique_job("failhandler");
+  FakeDaemon daemon(small_spec(job));
+  daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  std::atomic<int> calls{0};
+  c->set_failure_handler([&] { calls++; });
+  const auto in = iota_floats(100);
+  std::vector<float> out(100, 0.0f);
+  auto w = c->world()->allreduce(in.data(), out.data(), in.size(), DType::Float32, ReduceOp::Sum);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(calls.load(), 0) << "ran before any failure";
+  daemon.header().job_failed.store(1, std::memory_order_release);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (calls.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(calls.load(), 1) << "the progress thread did not report the job's failure";
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(calls.load(), 1) << "reported more than once";
+  daemon.release_held();
+  w->wait(30s);
+  c->set_failure_handler(nullptr);  // before `calls` goes
 }
 
 // ---------------------------------------------------------------------------------------

@@ -558,9 +558,16 @@ TEST(DaemonRankFast, AnotherSizeOrThePlanPathIsAMismatch) {
     expect_mismatch(w0, "different orders");
     expect_mismatch(w1, "rank 1 #6");
   }
+  {
+    // Rank 1's fast path is off after a failure of its own: it says so, and both get an error.
+    auto w0 = ranks[0]->client->world()->device_op(fast_allreduce(kCount, 7));
+    auto w1 = ranks[1]->client->world()->device_op(fast_allreduce(kCount, ipc::kFastSeqOff));
+    expect_mismatch(w0, "rank 1 turned its GPU fast path off");
+    expect_mismatch(w1, "turned its GPU fast path off");
+  }
   // The communicator still works.
   std::vector<WorkPtr> w;
-  for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(fast_allreduce(kCount, 7)));
+  for (int r = 0; r < 2; ++r) w.push_back(ranks[r]->client->world()->device_op(fast_allreduce(kCount, 8)));
   wait_all(w);
 }
 
