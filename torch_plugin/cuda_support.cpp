@@ -531,9 +531,10 @@ struct CudaPath::FastMark {
   }
 };
 
-bool CudaPath::fast_eligible(const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out,
-                             double scale, int group_size) const {
-  if (!impl_->rank_exec || group_size < 2) return false;
+namespace {
+// The executor's view of a fast-path call (members filled in by the caller).
+client::gpu::FastOp fast_op_of(const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out,
+                               double scale) {
   client::gpu::FastOp f;
   f.op = call.op;
   f.dtype = call.dtype;
@@ -542,6 +543,14 @@ bool CudaPath::fast_eligible(const client::DeviceCall& call, const at::Tensor& i
   f.count = call.count;
   f.in = in.data_ptr();
   f.out = out.data_ptr();
+  return f;
+}
+}  // namespace
+
+bool CudaPath::fast_eligible(const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out,
+                             double scale, int group_size) const {
+  if (!impl_->rank_exec || group_size < 2) return false;
+  auto f = fast_op_of(call, in, out, scale);
   f.slots.assign(static_cast<std::size_t>(group_size), 0);
   return client::gpu::PeerExecutor::fast_eligible(f);
 }
@@ -557,14 +566,7 @@ std::pair<client::WorkPtr, std::shared_ptr<CudaPath::FastMark>> CudaPath::run_fa
     impl_->executor(device.index());
     x = impl_->exec;
   }
-  client::gpu::FastOp f;
-  f.op = call.op;
-  f.dtype = call.dtype;
-  f.reduce_op = call.reduce_op;
-  f.scale = scale;
-  f.count = call.count;
-  f.in = in.data_ptr();
-  f.out = out.data_ptr();
+  auto f = fast_op_of(call, in, out, scale);
   f.slots = slots;
   f.me = me;
   f.copy_engines = copy_engines;
