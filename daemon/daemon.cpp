@@ -384,6 +384,13 @@ void Daemon::resolve(std::vector<Match> matches) {
       if (!std::all_of(m.posted.begin(), m.posted.end(), rank_exec))
         err = "smddp " + std::string(ipc::to_string(op)) +
               ": ranks disagree on where GPU work runs (SMDDP_GPU_EXEC must be the same on every rank)";
+      else if (std::any_of(m.posted.begin(), m.posted.end(), [&](const Posted& p) {
+                 return p.desc.wait_value != m.posted.front().desc.wait_value;
+               }))
+        // Their barriers would not pair up: a GPU would wait for ever, or race.
+        err = "smddp " + std::string(ipc::to_string(op)) +
+              ": ranks run different GPU schedules (SMDDP_ONESHOT_MAX_BYTES, SMDDP_TWOSHOT and "
+              "SMDDP_TWOSHOT_PIECE_BYTES must be the same on every rank)";
       else
         err = send_plans(m);
       if (!err) {

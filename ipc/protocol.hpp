@@ -55,6 +55,8 @@ inline constexpr std::uint32_t kFlagDaemonCpuWait = 1u << 6;
 // part on its own stream, in its own CUDA context, against peer-mapped buffers, ordered by
 // flags in the ranks' GPU flag blocks. No GPU work runs in the daemon, so no GPU is
 // time-sliced between two processes' contexts. wait_event/wait_value are unused.
+// wait_value carries the rank's schedule key (PeerExecutor::schedule_key): the tuning that
+// decides how many barriers each collective takes, which the members must share.
 inline constexpr std::uint32_t kFlagRankExec = 1u << 7;
 // GPU path, the ranks' fast path (small AllReduce, AllGather and ReduceScatter of a group
 // within one node; client/gpu/peer_executor.hpp): the ranks already enqueued the work, each

@@ -456,6 +456,7 @@ void CudaPath::prepare_rank_exec(c10::Device device, client::DeviceCall& call, v
   }
   call.rank_exec = true;
   call.exec_token = impl_->next_token.fetch_add(1);
+  call.wait_value = client::gpu::PeerExecutor::schedule_key();  // the daemon compares the members
   x->expect(call.exec_token, l);
 }
 

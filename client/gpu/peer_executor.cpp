@@ -96,6 +96,24 @@ std::uint64_t PeerExecutor::oneshot_max_bytes(int group_size) {
   return group_size <= 2 ? (4ull << 20) : (256ull << 10);
 }
 
+std::uint64_t PeerExecutor::schedule_key() {
+  static const std::uint64_t key = [] {
+    std::uint64_t h = 1469598103934665603ULL;  // FNV-1a
+    const auto mix = [&h](const std::string& text) {
+      for (const char ch : text) {
+        h ^= static_cast<unsigned char>(ch);
+        h *= 1099511628211ULL;
+      }
+    };
+    const char* oneshot = std::getenv("SMDDP_ONESHOT_MAX_BYTES");
+    mix(std::string("oneshot=") + (oneshot && *oneshot ? oneshot : "default"));
+    mix(std::string(";push=") + (twoshot_push() ? "1" : "0"));
+    mix(";piece=" + std::to_string(twoshot_piece_bytes()));
+    return h == 0 ? 1 : h;
+  }();
+  return key;
+}
+
 std::uint64_t PeerExecutor::twoshot_piece_bytes() {
   static const std::uint64_t v = [] {
     const char* e = std::getenv("SMDDP_TWOSHOT_PIECE_BYTES");

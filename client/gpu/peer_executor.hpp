@@ -137,6 +137,9 @@ class PeerExecutor {
 
   // AllReduce up to this many bytes runs one-shot (SMDDP_ONESHOT_MAX_BYTES overrides).
   static std::uint64_t oneshot_max_bytes(int group_size);
+  // A digest of the settings above and below (never 0). The members of a collective must
+  // share them, or their barriers do not pair up; the daemon compares the keys.
+  static std::uint64_t schedule_key();
   // Two-shot AllReduce: each rank's kernel writes its reduced chunk into every member's
   // output ("push", one phase) or the others copy it with copy engines ("pull", two
   // phases). SMDDP_TWOSHOT=push|pull; pull by default (measured faster).

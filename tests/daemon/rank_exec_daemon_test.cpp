@@ -381,6 +381,34 @@ TEST(DaemonRankExec, RanksThatDisagreeOnTheFlagGetAMismatch) {
   }
 }
 
+TEST(DaemonRankExec, RanksWithDifferentScheduleKeysGetAMismatchAndNoPlan) {
+  // One rank set SMDDP_ONESHOT_MAX_BYTES (say): its barrier count for this op would differ.
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("schedkey");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  std::vector<WorkPtr> w;
+  for (int r = 0; r < 2; ++r) {
+    auto c = allreduce(20, static_cast<std::uint8_t>(0xC0 + r), 400 + r);
+    c.wait_value = 1000 + static_cast<std::uint64_t>(r);
+    w.push_back(ranks[r]->client->world()->device_op(c));
+  }
+  for (auto& wk : w) {
+    try {
+      wk->wait(20s);
+      ADD_FAILURE() << "ranks with different schedules got plans";
+    } catch (const client::Error& e) {
+      EXPECT_EQ(e.status(), Status::Mismatch) << e.what();
+      EXPECT_NE(std::string(e.what()).find("different GPU schedules"), std::string::npos) << e.what();
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    const auto calls = ranks[r]->rec.take();
+    ASSERT_EQ(calls.size(), 1u) << "rank " << r << ": handles or a plan for a failed match";
+    EXPECT_EQ(calls[0].c.status, Status::Mismatch);
+  }
+}
+
 TEST(DaemonRankExec, GroupsLargerThanAPlanAreRefused) {
   spdlog::set_level(spdlog::level::warn);
   const int n = ipc::kPlanMaxMembers + 1;
