@@ -622,17 +622,7 @@ void PeerExecutor::fork() {
 
 void PeerExecutor::side_copy(void* dst, const void* src, std::uint64_t bytes) {
   forked_ = true;
-  if (!dry_error_.empty() || bytes == 0 || dst == src) return;
-  if (!dst || !src) {
-    dry_error_ = "a member of the collective has no buffer where one is needed";
-    return;
-  }
-  if (const auto err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, side_); err != cudaSuccess) {
-    cudaGetLastError();
-    dry_error_ = std::string("cudaMemcpyAsync: ") + cudaGetErrorString(err);
-    return;
-  }
-  ++stats_.copies;
+  copy(dst, src, bytes, side_);
 }
 
 void PeerExecutor::reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l,
@@ -663,13 +653,14 @@ void PeerExecutor::reduce(const std::vector<const void*>& inputs, void* out, std
   ++stats_.kernel_launches;
 }
 
-void PeerExecutor::copy(void* dst, const void* src, std::uint64_t bytes) {
+void PeerExecutor::copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t on) {
   if (!dry_error_.empty() || bytes == 0 || dst == src) return;
   if (!dst || !src) {
     dry_error_ = "a member of the collective has no buffer where one is needed";
     return;
   }
-  if (const auto err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_); err != cudaSuccess) {
+  if (const auto err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, on ? on : stream_);
+      err != cudaSuccess) {
     cudaGetLastError();
     dry_error_ = std::string("cudaMemcpyAsync: ") + cudaGetErrorString(err);
     return;

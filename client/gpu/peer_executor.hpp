@@ -177,7 +177,8 @@ class PeerExecutor {
   // out = reduction of inputs; with `outs`, the result goes to each of them instead.
   void reduce(const std::vector<const void*>& inputs, void* out, std::uint64_t count, const LocalOp& l, int n,
               const std::vector<void*>& outs = {});
-  void copy(void* dst, const void* src, std::uint64_t bytes);
+  // On `on`, or the rank's stream when null.
+  void copy(void* dst, const void* src, std::uint64_t bytes, cudaStream_t on = nullptr);
   // A copy of this rank's own bytes on the side stream, beside the peer copies (another
   // copy engine); join() makes the main stream wait for it.
   void copy_beside(void* dst, const void* src, std::uint64_t bytes);

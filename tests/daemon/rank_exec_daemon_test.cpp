@@ -215,6 +215,17 @@ void expect_plan(const Recorder::Call& call, std::uint64_t token, int me,
   }
 }
 
+// Waits for `w`, which must fail with a Mismatch whose text contains `needle`.
+void expect_mismatch(const WorkPtr& w, const char* needle) {
+  try {
+    w->wait(20s);
+    ADD_FAILURE() << "a disagreeing rank's op succeeded";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), Status::Mismatch) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 
 TEST(DaemonRankExec, HandlesAreSentOncePerAllocationThenOnlyPlans) {
@@ -350,15 +361,7 @@ TEST(DaemonRankExec, RanksThatDisagreeOnTheFlagGetAMismatch) {
   auto w0 = ranks[0]->client->world()->device_op(allreduce(7, 0xA0, 100));
   std::vector<float> host(kCount, 1.0f);
   auto w1 = ranks[1]->client->world()->allreduce(host.data(), host.data(), kCount, DType::Float32, ReduceOp::Sum);
-  for (auto* w : {&w0, &w1}) {
-    try {
-      (*w)->wait(20s);
-      ADD_FAILURE() << "a disagreeing rank's op succeeded";
-    } catch (const client::Error& e) {
-      EXPECT_EQ(e.status(), Status::Mismatch) << e.what();
-      EXPECT_NE(std::string(e.what()).find("disagree"), std::string::npos) << e.what();
-    }
-  }
+  for (auto* w : {&w0, &w1}) expect_mismatch(*w, "disagree");
   const auto calls = ranks[0]->rec.take();
   ASSERT_EQ(calls.size(), 1u) << "no handles or plan for a failed match";
   EXPECT_EQ(calls[0].token, 7u);
@@ -393,15 +396,7 @@ TEST(DaemonRankExec, RanksWithDifferentScheduleKeysGetAMismatchAndNoPlan) {
     c.wait_value = 1000 + static_cast<std::uint64_t>(r);
     w.push_back(ranks[r]->client->world()->device_op(c));
   }
-  for (auto& wk : w) {
-    try {
-      wk->wait(20s);
-      ADD_FAILURE() << "ranks with different schedules got plans";
-    } catch (const client::Error& e) {
-      EXPECT_EQ(e.status(), Status::Mismatch) << e.what();
-      EXPECT_NE(std::string(e.what()).find("different GPU schedules"), std::string::npos) << e.what();
-    }
-  }
+  for (auto& wk : w) expect_mismatch(wk, "different GPU schedules");
   for (int r = 0; r < 2; ++r) {
     const auto calls = ranks[r]->rec.take();
     ASSERT_EQ(calls.size(), 1u) << "rank " << r << ": handles or a plan for a failed match";
@@ -527,17 +522,6 @@ DeviceCall fast_allreduce(std::uint64_t count, std::uint64_t seq = 1) {
   c.fast = true;
   c.wait_value = seq;
   return c;
-}
-
-// Waits for `w`, which must fail with a Mismatch whose text contains `needle`.
-void expect_mismatch(const WorkPtr& w, const char* needle) {
-  try {
-    w->wait(20s);
-    ADD_FAILURE() << "a disagreeing rank's op succeeded";
-  } catch (const client::Error& e) {
-    EXPECT_EQ(e.status(), Status::Mismatch) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace
