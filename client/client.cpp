@@ -24,6 +24,8 @@ constexpr auto kHeartbeatStale = std::chrono::seconds(3);
 constexpr auto kBackstop = std::chrono::seconds(15);  // beyond the daemon's own timeout
 constexpr auto kDefaultTimeout = std::chrono::milliseconds(30 * 60 * 1000);
 
+bool is_p2p(OpType op) { return op == OpType::Send || op == OpType::Recv; }
+
 int env_int(const char* name, bool required, int fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) {
@@ -164,6 +166,7 @@ ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
     refuse("local rank " + std::to_string(o.local_rank) + " of job " + o.job_id + " is already taken (pid " +
            std::to_string(slot_.pid) + ", state " + std::to_string(expected) + ")");
   }
+  waker_->bell = &slot_.client_bell;
   slot_.pid = ::getpid();
   std::strncpy(slot_.device_bus_id, o.device_bus_id.c_str(), ipc::kBusIdBytes - 1);
   slot_.state.store(static_cast<std::uint32_t>(ipc::SlotState::Registered), std::memory_order_release);
@@ -214,6 +217,14 @@ ClientImpl::~ClientImpl() {
       progress_.join();
     }
   }
+  {
+    std::lock_guard lk(waker_->mu);
+    waker_->bell = nullptr;
+  }
+  // Copies into or out of the arena must end before it is unmapped.
+  for (auto& d : draining_) d.copier->drain();
+  for (auto& st : outbox_)
+    if (st.ticket) st.inflight.op->plan_.copier->drain();
   std::uint32_t reg = static_cast<std::uint32_t>(ipc::SlotState::Registered);
   slot_.state.compare_exchange_strong(reg, static_cast<std::uint32_t>(ipc::SlotState::Exited));
 }
@@ -241,6 +252,7 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
                                             " bytes of staging at once, more than the arena of " +
                                             std::to_string(alloc_.capacity()) +
                                             " bytes (raise daemon.arena_mib)");
+  if (op->plan_.copier) op->plan_.copier->set_wake([w = waker_] { w->wake(); });
   Deferred callbacks;
   {
     std::lock_guard lk(mu_);
@@ -264,7 +276,7 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
 }
 
 bool ClientImpl::submit_chunk_locked(OpState& op) {
-  if (inflight_.size() >= ipc::kCompletionRingCapacity) return false;
+  if (inflight_.size() + outbox_.size() >= ipc::kCompletionRingCapacity) return false;
   const std::uint64_t k = op.next_;
   const auto& p = op.plan_;
   const std::uint64_t cc = op.chunk_count(k);
@@ -290,18 +302,29 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
     cursor += (len + 63) / 64 * 64;
     return r;
   };
+  StagingCopier* copier = p.copier.get();
+  bool copied_in = false;
+  // `from`: bytes into the caller's input.
+  const auto copy_in = [&](std::byte* to, std::uint64_t from, std::uint64_t len) {
+    if (len == 0) return;
+    if (copier) {
+      copier->copy_in(to, from, len);
+      copied_in = true;
+    } else {
+      std::memcpy(to, p.in + from, len);
+    }
+  };
   if (p.unchunked) {
     if (p.in_bytes_total || p.base.op == OpType::AllToAll) {
       d.input = region(p.in_bytes_total);
-      if (p.in_bytes_total) std::memcpy(base + d.input.offset, p.in, p.in_bytes_total);
+      copy_in(base + d.input.offset, 0, p.in_bytes_total);
     }
     if (p.out_bytes_total || p.base.op == OpType::AllToAll) d.output = region(p.out_bytes_total);
   } else {
     const std::uint64_t blk = cc * e;
     if (p.in_blocks) {
       d.input = region(p.in_blocks * blk);
-      for (std::uint64_t b = 0; b < p.in_blocks; ++b)
-        if (blk) std::memcpy(base + d.input.offset + b * blk, p.in + (b * p.user_stride + off) * e, blk);
+      for (std::uint64_t b = 0; b < p.in_blocks; ++b) copy_in(base + d.input.offset + b * blk, (b * p.user_stride + off) * e, blk);
     }
     if (p.in_place_stage) d.output = d.input;
     else if (p.out_blocks) d.output = region(p.out_blocks * blk);
@@ -310,17 +333,73 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
     d.aux = region(p.aux.size());
     std::memcpy(base + d.aux.offset, p.aux.data(), p.aux.size());
   }
-  if (!slot_.requests.try_push(d)) {
-    alloc_.free(*at);
-    --next_request_id_;
-    return false;
-  }
-  const bool p2p = p.base.op == OpType::Send || p.base.op == OpType::Recv;
-  inflight_.emplace(d.request_id, Inflight{op.shared_from_this(), k, *at, p2p ? bytes : 0});
+  const bool p2p = is_p2p(p.base.op);
+  const std::uint64_t ticket = copied_in ? copier->fence(StagingCopier::Lane::In) : 0;
+  outbox_.push_back(Staged{d, Inflight{op.shared_from_this(), k, *at, p2p ? bytes : 0}, ticket, p2p});
   p2p_bytes_ += p2p ? bytes : 0;
   ++op.next_;
   ++op.inflight_;
   return true;
+}
+
+bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
+  bool pushed = false;
+  bool collectives_wait = false;           // an earlier collective chunk is still copying in
+  std::vector<const OpState*> p2p_waiting;  // sends/receives with an earlier chunk copying in
+  for (auto it = outbox_.begin(); it != outbox_.end();) {
+    OpState& op = *it->inflight.op;
+    if (op.status_ != Status::Ok) {  // failed or given up: the rest of it never goes
+      drop_staged_locked(*it, callbacks);
+      it = outbox_.erase(it);
+      continue;
+    }
+    const bool p2p = it->p2p;
+    const bool behind = p2p ? std::find(p2p_waiting.begin(), p2p_waiting.end(), &op) != p2p_waiting.end()
+                            : collectives_wait;
+    if (behind || (it->ticket && !op.plan_.copier->passed(StagingCopier::Lane::In, it->ticket))) {
+      if (p2p) p2p_waiting.push_back(&op);
+      else collectives_wait = true;
+      ++it;
+      continue;
+    }
+    if (!slot_.requests.try_push(it->desc)) break;  // the daemon answers first: its completions wake us
+    inflight_.emplace(it->desc.request_id, std::move(it->inflight));
+    pushed = true;
+    it = outbox_.erase(it);
+  }
+  return pushed;
+}
+
+void ClientImpl::drop_staged_locked(Staged& s, Deferred& callbacks) {
+  OpState& op = *s.inflight.op;
+  free_after_locked(op.plan_.copier, StagingCopier::Lane::In, s.ticket, s.inflight.offset);
+  p2p_bytes_ -= s.inflight.p2p_bytes;
+  --op.inflight_;
+  if (op.inflight_ == 0 && !op.done() && op.next_ >= op.nchunks_) finish_locked(op, callbacks);
+  callbacks.released.push_back(std::move(s.inflight.op));
+}
+
+void ClientImpl::free_after_locked(const std::shared_ptr<StagingCopier>& copier, StagingCopier::Lane lane,
+                                   std::uint64_t ticket, std::uint64_t offset) {
+  if (copier && ticket && !copier->passed(lane, ticket)) {
+    draining_.push_back(Draining{copier, lane, ticket, offset});
+  } else if (offset != kNoRegion) {
+    alloc_.free(offset);
+  }
+}
+
+void ClientImpl::reap_draining_locked() {
+  std::erase_if(draining_, [&](const Draining& d) {
+    if (!d.copier->passed(d.lane, d.ticket)) return false;
+    if (d.offset != kNoRegion) alloc_.free(d.offset);
+    return true;
+  });
+}
+
+void ClientImpl::CopyWaker::wake() {
+  count.fetch_add(1, std::memory_order_acq_rel);
+  std::lock_guard lk(mu);
+  if (bell) bell->ring();
 }
 
 bool ClientImpl::submit_device_locked(OpState& op) {
@@ -345,12 +424,7 @@ bool ClientImpl::submit_device_locked(OpState& op) {
     d.aux.bytes = p.aux.size();
     std::memcpy(arena_.data() + at, p.aux.data(), p.aux.size());
   }
-  if (!slot_.requests.try_push(d)) {
-    if (at != kNoRegion) alloc_.free(at);
-    --next_request_id_;
-    return false;
-  }
-  inflight_.emplace(d.request_id, Inflight{op.shared_from_this(), 0, at, 0});
+  outbox_.push_back(Staged{d, Inflight{op.shared_from_this(), 0, at, 0}, 0, is_p2p(p.base.op)});
   ++op.next_;
   ++op.inflight_;
   return true;
@@ -426,8 +500,9 @@ void ClientImpl::finish_locked(OpState& op, Deferred& callbacks) {
 }
 
 void ClientImpl::progress_locked(Deferred& callbacks) {
-  // Completions first: they free arena space for submissions.
+  // Completions and finished copies first: they free arena space for submissions.
   complete_locked(callbacks);
+  reap_draining_locked();
   submit_queued_locked(callbacks);
 }
 
@@ -443,6 +518,7 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
     }
     auto inf = std::move(it->second);
     inflight_.erase(it);
+    std::uint64_t out_ticket = 0;  // the copier's Out-lane fence after this chunk's copies out
     OpState& op = *inf.op;
     // The last reference to an op (and through it to this client) must go after unlocking.
     callbacks.released.push_back(inf.op);
@@ -455,26 +531,34 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
       const auto& p = op.plan_;
       const std::uint64_t e = ipc::dtype_size(p.base.dtype);
       const std::byte* base = arena_.data();
-      if (p.unchunked) {
-        if (p.out_bytes_total) {
-          const std::uint64_t out_off = inf.offset + (p.in_bytes_total + 63) / 64 * 64;
-          std::memcpy(p.out, base + out_off, p.out_bytes_total);
+      // `to`: bytes into the caller's output.
+      const auto copy_out = [&](std::uint64_t to, const std::byte* from, std::uint64_t len) {
+        if (len == 0) return;
+        if (p.copier) {
+          p.copier->copy_out(to, from, len);
+          out_ticket = 1;
+        } else {
+          std::memcpy(p.out + to, from, len);
         }
+      };
+      if (p.unchunked) {
+        if (p.out_bytes_total) copy_out(0, base + inf.offset + (p.in_bytes_total + 63) / 64 * 64, p.out_bytes_total);
       } else if (p.out_blocks) {
         const std::uint64_t cc = op.chunk_count(inf.chunk);
         const std::uint64_t blk = cc * e;
         const std::uint64_t off = inf.chunk * p.chunk;
         const std::uint64_t out_off =
             p.in_place_stage ? inf.offset : inf.offset + (p.in_blocks * blk + 63) / 64 * 64;
-        for (std::uint64_t b = 0; b < p.out_blocks; ++b)
-          if (blk) std::memcpy(p.out + (b * p.user_stride + off) * e, base + out_off + b * blk, blk);
+        for (std::uint64_t b = 0; b < p.out_blocks; ++b) copy_out((b * p.user_stride + off) * e, base + out_off + b * blk, blk);
       }
+      if (out_ticket) out_ticket = p.copier->fence(StagingCopier::Lane::Out);
     } else if (c.status != Status::Ok && op.status_ == Status::Ok) {
       op.status_ = c.status;
       op.error_ = std::string(c.error_text());
       op.next_ = op.nchunks_;  // submit no more of it
     }
-    if (inf.offset != kNoRegion) alloc_.free(inf.offset);
+    // The copies out read the region until their fence passes.
+    free_after_locked(op.plan_.copier, StagingCopier::Lane::Out, out_ticket, inf.offset);
     p2p_bytes_ -= inf.p2p_bytes;
     if (op.inflight_ == 0 && (op.finished_ == op.nchunks_ || op.status_ != Status::Ok)) finish_locked(op, callbacks);
   }
@@ -482,11 +566,10 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
 
 void ClientImpl::submit_queued_locked(Deferred& callbacks) {
   // Submissions, strictly in issue order so every rank fills its arena alike.
-  bool pushed = false;
   while (!queue_.empty()) {
     auto& op = *queue_.front();
     if (op.status_ != Status::Ok) op.next_ = op.nchunks_;
-    while (op.next_ < op.nchunks_ && submit_chunk_locked(op)) pushed = true;
+    while (op.next_ < op.nchunks_ && submit_chunk_locked(op)) {}
     if (op.next_ < op.nchunks_) break;
     if (op.inflight_ == 0 && !op.done()) finish_locked(op, callbacks);
     callbacks.released.push_back(std::move(queue_.front()));
@@ -501,7 +584,6 @@ void ClientImpl::submit_queued_locked(Deferred& callbacks) {
       // At least one chunk per op may always go, so every op makes progress.
       if (op.inflight_ > 0 && (op.inflight_ * b >= window || p2p_bytes_ + b > p2p_budget)) break;
       if (!submit_chunk_locked(op)) break;
-      pushed = true;
     }
     if (op.next_ < op.nchunks_) {
       ++it;
@@ -511,12 +593,13 @@ void ClientImpl::submit_queued_locked(Deferred& callbacks) {
     callbacks.released.push_back(std::move(*it));
     it = p2p_.erase(it);
   }
-  if (pushed) segment_.header().daemon_bell.ring();
+  if (flush_outbox_locked(callbacks)) segment_.header().daemon_bell.ring();
 }
 
 void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& callbacks) {
   std::vector<std::shared_ptr<OpState>> ops;
   for (auto& [id, inf] : inflight_) ops.push_back(inf.op);
+  for (auto& st : outbox_) ops.push_back(st.inflight.op);
   for (auto& op : queue_) ops.push_back(op);
   for (auto& op : p2p_) ops.push_back(op);
   for (auto& op : ops) {
@@ -532,7 +615,13 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& op : p2p_) callbacks.released.push_back(std::move(op));
   queue_.clear();
   p2p_.clear();
-  // Regions stay allocated: a dead daemon will never answer for them.
+  // Regions stay allocated: a dead daemon will never answer for them. Copies into staged
+  // ones may still run: the client waits for them before the arena goes.
+  for (auto& st : outbox_) {
+    if (st.ticket) draining_.push_back(Draining{st.inflight.op->plan_.copier, StagingCopier::Lane::In, st.ticket, kNoRegion});
+    callbacks.released.push_back(std::move(st.inflight.op));
+  }
+  outbox_.clear();
   inflight_.clear();
 }
 
@@ -587,8 +676,12 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
     }
   } leave{*this};
   Deferred callbacks;
-  const auto ready = [&] { return op.done() || !slot_.completions.empty(); };
+  std::uint64_t wakes = 0;  // copier fences seen passed as of the last progress step
+  const auto ready = [&] {
+    return op.done() || !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes;
+  };
   while (!op.done()) {
+    wakes = waker_->count.load(std::memory_order_acquire);
     {
       std::lock_guard lk(mu_);
       progress_locked(callbacks);
@@ -610,6 +703,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
         std::erase_if(queue_, [&](const auto& q) { return q.get() == &op; });
         std::erase_if(p2p_, [&](const auto& q) { return q.get() == &op; });
         finish_locked(op, callbacks);
+        flush_outbox_locked(callbacks);  // drops its staged chunks (its status is no longer Ok)
       }
     }
     run(callbacks);
@@ -635,6 +729,7 @@ void ClientImpl::progress_thread() {
     // one does not have to wake it.
     work_cv_.wait(lk, [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_)); });
     if (stop_) return;
+    const auto wakes = waker_->count.load(std::memory_order_acquire);
     progress_locked(callbacks);
     const bool idle = active_ == 0 && !fast_seen_;
     lk.unlock();
@@ -642,7 +737,8 @@ void ClientImpl::progress_thread() {
     if (t_client_destroyed_here) return;
     if (!idle) {
       const auto t = slot_.client_bell.ticket();
-      if (slot_.completions.empty()) slot_.client_bell.wait(t, std::chrono::duration_cast<std::chrono::microseconds>(kSlice));
+      if (slot_.completions.empty() && waker_->count.load(std::memory_order_acquire) == wakes)
+        slot_.client_bell.wait(t, std::chrono::duration_cast<std::chrono::microseconds>(kSlice));
     }
     lk.lock();
     check_liveness_locked(callbacks);
@@ -970,6 +1066,10 @@ class CommImpl final : public Communicator {
   }
 
   WorkPtr go(OpPlan p, const CallOptions& o) {
+    if (o.copier) {
+      if (p.device) throw Error(Status::InvalidRequest, "a GPU-path request has no staging to copy through");
+      p.copier = o.copier;
+    }
     const auto timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
     p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(timeout.count(), UINT32_MAX));
     std::lock_guard lk(seq_->mu);  // one seq order per communicator, also across threads

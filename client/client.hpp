@@ -13,12 +13,14 @@
 
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ipc/protocol.hpp"
@@ -93,10 +95,41 @@ struct DeviceCall {
   bool fast = false;
 };
 
+// Moves a host operation's bytes between the caller's buffers and the rank's arena when they
+// are not host memory the client can memcpy: CUDA tensors in a group that spans nodes, whose
+// bytes cross the fabric through the arena. The client then passes byte offsets into the
+// caller's buffers instead of reading them, posts a chunk to the daemon only once its copies
+// in have finished, and frees a chunk's arena region only once its copies out have. Copies of
+// some chunks so overlap the daemons' work on others.
+//
+// Threading: the client calls copy_in, copy_out, fence and passed with its lock held, from
+// the submitting thread or its progress thread, so they must not block; the wake function
+// runs on any thread, once per fence, after passed() says that fence has.
+class StagingCopier {
+ public:
+  enum class Lane { In, Out };
+  virtual ~StagingCopier() = default;
+  // Set by the client before the first copy.
+  virtual void set_wake(std::function<void()> wake) = 0;
+  // Enqueues a copy of `bytes` from the caller's input, `offset` bytes in, to the arena at `to`.
+  virtual void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) = 0;
+  // Enqueues a copy of `bytes` from the arena at `from` into the caller's output, `offset` bytes in.
+  virtual void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) = 0;
+  // Ends the copies enqueued so far on `lane`; returns their ticket (increasing per lane).
+  virtual std::uint64_t fence(Lane lane) = 0;
+  // Whether every copy up to `ticket` on `lane` has finished.
+  virtual bool passed(Lane lane, std::uint64_t ticket) const = 0;
+  // Blocks until every copy enqueued has finished (the arena is about to go away).
+  virtual void drain() noexcept = 0;
+};
+
 struct CallOptions {
   std::chrono::milliseconds timeout{0};  // 0: the communicator's default
   double scale = 1.0;                    // PREMUL_SUM factor
   bool sdp = false;                      // SMDATAPARALLEL_OPTIMIZE_SDP AllGather path
+  // Host operations only: the buffers are not host memory; `copier` moves their bytes (the
+  // buffer pointers passed are only checked for null).
+  std::shared_ptr<StagingCopier> copier;
 };
 
 class Work {
@@ -223,6 +256,8 @@ class Client {
     std::uint64_t* done_flag = nullptr;
   };
   virtual std::optional<GpuSyncArea> gpu_sync_area() { return std::nullopt; }
+  // This rank's arena (to register with CUDA for StagingCopier's copies); empty if none.
+  virtual std::pair<std::byte*, std::size_t> arena_region() { return {nullptr, 0}; }
   // Publishes the IPC handle of this rank's GPU flag block (ipc::kFlagBlockBytes of device
   // memory: stream flags, then the done flag) for DeviceCall::device_flags requests.
   virtual void publish_flag_block(const std::array<std::uint8_t, 64>& handle) { (void)handle; }

@@ -57,6 +57,8 @@ struct OpPlan {
   std::uint64_t wait_value = 0;
   bool rank_exec = false;
   std::uint64_t exec_token = 0;
+  // Host path on memory the client cannot memcpy (CallOptions::copier).
+  std::shared_ptr<StagingCopier> copier;
 };
 
 class OpState final : public Work, public std::enable_shared_from_this<OpState> {
@@ -114,6 +116,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   int export_event(const std::array<std::uint8_t, 64>& handle) override;
   std::optional<std::array<std::uint8_t, 64>> daemon_event_handle(int index) const override;
   std::optional<GpuSyncArea> gpu_sync_area() override;
+  std::pair<std::byte*, std::size_t> arena_region() override { return {arena_.data(), arena_.size()}; }
   void publish_flag_block(const std::array<std::uint8_t, 64>& handle) override;
   std::optional<std::array<std::uint8_t, 64>> flag_block_of(int slot) const override;
   void set_exec_handler(ExecHandler handler) override;
@@ -169,6 +172,42 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
     std::uint64_t p2p_bytes;  // arena bytes counted against the p2p budget
   };
   std::unordered_map<std::uint64_t, Inflight> inflight_;
+  // Chunks staged in the arena but not yet in the request ring: their copies in (a
+  // StagingCopier's) are still running, or the ring was full. Collectives leave in order;
+  // a send or receive waits only for its own earlier chunks.
+  struct Staged {
+    ipc::RequestDesc desc;
+    Inflight inflight;
+    std::uint64_t ticket;  // the copier's In-lane fence to pass first (0: none)
+    bool p2p;
+  };
+  std::deque<Staged> outbox_;
+  // Arena regions a copier still reads or writes: freed once its fence has passed.
+  struct Draining {
+    std::shared_ptr<StagingCopier> copier;
+    StagingCopier::Lane lane;
+    std::uint64_t ticket;
+    std::uint64_t offset;  // kNoRegion: nothing to free, only wait (the client is going away)
+  };
+  std::vector<Draining> draining_;
+  // What copiers call when a fence passed: wakes whoever drives progress. Shared with the
+  // copiers' wake functions, which may outlive the client (the doorbell does not).
+  struct CopyWaker {
+    std::mutex mu;
+    ipc::Doorbell* bell = nullptr;  // null once the client is gone
+    std::atomic<std::uint64_t> count{0};
+    void wake();
+  };
+  std::shared_ptr<CopyWaker> waker_ = std::make_shared<CopyWaker>();
+  // Posts what the outbox may post now; true if anything went.
+  bool flush_outbox_locked(Deferred& callbacks);
+  // A staged chunk that will never be posted (its op failed or gave up).
+  void drop_staged_locked(Staged& s, Deferred& callbacks);
+  // Frees the regions whose copies finished.
+  void reap_draining_locked();
+  // Frees a region now, or once `copier`'s fence on `lane` has passed.
+  void free_after_locked(const std::shared_ptr<StagingCopier>& copier, StagingCopier::Lane lane, std::uint64_t ticket,
+                         std::uint64_t offset);
   static constexpr std::uint64_t kNoRegion = ~std::uint64_t{0};  // device request without aux
   std::mutex events_mu_;  // export_event may be called from any thread
   ExecHandler exec_handler_;  // guarded by mu_

@@ -1,0 +1,313 @@
+// The client's host path through a StagingCopier (CUDA tensors across nodes): chunks are posted
+// only once their copies in passed, regions are freed only once their copies out passed, and
+// failures and teardown leave nothing waiting. A fake copier runs the copies on host memory
+// when the test says so (or from a thread of its own), the fake daemon plays a world of one.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "client/client.hpp"
+#include "fake_daemon.hpp"
+
+using namespace std::chrono_literals;
+using smddp::client::CallOptions;
+using smddp::client::Client;
+using smddp::client::DType;
+using smddp::client::Error;
+using smddp::client::ReduceOp;
+using smddp::client::StagingCopier;
+using smddp::client::Status;
+using smddp::testing::Answer;
+using smddp::testing::attach_options;
+using smddp::testing::FakeDaemon;
+using smddp::testing::small_spec;
+using smddp::testing::unique_job;
+namespace ipc = smddp::ipc;
+
+namespace {
+
+// Copies are queued, and run only when run() (or the auto thread) says so: as a GPU's copy
+// engines would, later than the client asked.
+class FakeCopier final : public StagingCopier {
+ public:
+  FakeCopier(const void* in, void* out) : in_(static_cast<const std::byte*>(in)), out_(static_cast<std::byte*>(out)) {}
+  ~FakeCopier() override { stop_auto(); }
+
+  void set_wake(std::function<void()> wake) override {
+    std::lock_guard lk(mu_);
+    wake_ = std::move(wake);
+  }
+  void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) override {
+    std::lock_guard lk(mu_);
+    lanes_[0].copies.push_back({to, in_ + offset, bytes});
+  }
+  void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) override {
+    std::lock_guard lk(mu_);
+    lanes_[1].copies.push_back({out_ + offset, from, bytes});
+  }
+  std::uint64_t fence(Lane lane) override {
+    std::lock_guard lk(mu_);
+    auto& l = lanes_[static_cast<int>(lane)];
+    l.fences.push_back({++l.issued, l.copies.size()});
+    return l.issued;
+  }
+  bool passed(Lane lane, std::uint64_t ticket) const override {
+    return lanes_[static_cast<int>(lane)].passed.load(std::memory_order_acquire) >= ticket;
+  }
+  void drain() noexcept override {
+    drained_.store(true);
+    run(Lane::In);
+    run(Lane::Out);
+  }
+
+  // Runs `lane`'s copies up to fence `upto`, then wakes the client; returns the fences passed.
+  int run(Lane lane, std::uint64_t upto = ~std::uint64_t{0}) {
+    int n = 0;
+    std::function<void()> wake;
+    {
+      std::lock_guard lk(mu_);
+      auto& l = lanes_[static_cast<int>(lane)];
+      while (l.next_fence < l.fences.size() && l.fences[l.next_fence].ticket <= upto) {
+        const auto& f = l.fences[l.next_fence++];
+        for (; l.done < f.copies; ++l.done) std::memcpy(l.copies[l.done].dst, l.copies[l.done].src, l.copies[l.done].bytes);
+        l.passed.store(f.ticket, std::memory_order_release);
+        ++n;
+      }
+      wake = wake_;
+    }
+    if (n && wake) wake();
+    return n;
+  }
+  std::uint64_t issued(Lane lane) {
+    std::lock_guard lk(mu_);
+    return lanes_[static_cast<int>(lane)].issued;
+  }
+  // A thread that runs the lanes asked for every 100 us, as copy engines would.
+  void start_auto(bool in, bool out) {
+    stop_auto();
+    stop_.store(false);
+    auto_ = std::thread([this, in, out] {
+      while (!stop_.load()) {
+        if (in) run(Lane::In);
+        if (out) run(Lane::Out);
+        std::this_thread::sleep_for(100us);
+      }
+    });
+  }
+  void stop_auto() {
+    stop_.store(true);
+    if (auto_.joinable()) auto_.join();
+  }
+  bool drained() const { return drained_.load(); }
+
+ private:
+  struct Copy {
+    std::byte* dst;
+    const std::byte* src;
+    std::uint64_t bytes;
+  };
+  struct Fence {
+    std::uint64_t ticket;
+    std::size_t copies;  // copies up to here belong to it
+  };
+  struct LaneState {
+    std::vector<Copy> copies;
+    std::vector<Fence> fences;
+    std::size_t done = 0, next_fence = 0;
+    std::uint64_t issued = 0;
+    std::atomic<std::uint64_t> passed{0};
+  };
+  const std::byte* in_;
+  std::byte* out_;
+  mutable std::mutex mu_;
+  LaneState lanes_[2];
+  std::function<void()> wake_;
+  std::atomic<bool> drained_{false};
+  std::atomic<bool> stop_{false};
+  std::thread auto_;
+};
+
+std::vector<float> ramp(std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 9973) + 0.25f;
+  return v;
+}
+
+// Polls `pred` for up to 10 s.
+template <class P>
+bool eventually(P&& pred) {
+  for (int i = 0; i < 10000; ++i) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return pred();
+}
+
+}  // namespace
+
+TEST(StagingCopier, ChunksArePostedOnlyOnceTheirCopiesInPassed) {
+  const auto job = unique_job("copier-in");
+  FakeDaemon daemon(small_spec(job));
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::size_t n = 64 * 1024;  // 256 KiB of float32: 4 chunks of 64 KiB
+  const auto in = ramp(n);
+  std::vector<float> out(n, -1.0f);
+  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
+  CallOptions co;
+  co.copier = copier;
+  auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
+  ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(daemon.requests().empty()) << "a chunk went to the daemon before its bytes were in the arena";
+
+  EXPECT_EQ(copier->run(StagingCopier::Lane::In, 2), 2);
+  ASSERT_TRUE(daemon.wait_for_requests(2, 10s));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(daemon.requests().size(), 2u) << "only the chunks whose copies passed may go";
+  copier->run(StagingCopier::Lane::In);
+  ASSERT_TRUE(daemon.wait_for_requests(4, 10s));
+  w->wait(10s);  // done once every copy out is enqueued
+  EXPECT_EQ(w->status(), Status::Ok);
+  EXPECT_EQ(out[0], -1.0f) << "the client wrote the output itself instead of through the copier";
+  copier->run(StagingCopier::Lane::Out);
+  EXPECT_EQ(std::memcmp(in.data(), out.data(), n * sizeof(float)), 0);
+  // In order: the daemon must see the chunks of one op as they come.
+  const auto reqs = daemon.requests();
+  for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(reqs[i].chunk_offset, i * (n / 4));
+}
+
+TEST(StagingCopier, RegionsComeBackOnlyOnceTheirCopiesOutPassed) {
+  const auto job = unique_job("copier-out");
+  const auto spec = small_spec(job);  // 1 MiB arena, 64 KiB chunks
+  FakeDaemon daemon(spec);
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::size_t n = (4u << 20) / 4;  // 4 MiB: four arenas' worth
+  const auto in = ramp(n);
+  std::vector<float> out(n, -1.0f);
+  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
+  copier->start_auto(/*in=*/true, /*out=*/false);
+  CallOptions co;
+  co.copier = copier;
+  auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
+  const std::size_t fit = spec.arena_bytes / spec.chunk_bytes;
+  ASSERT_TRUE(daemon.wait_for_requests(fit, 10s));
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(daemon.requests().size(), fit) << "regions were reused while their copies out still read them";
+  EXPECT_FALSE(w->done());
+  copier->start_auto(true, true);
+  w->wait(30s);
+  EXPECT_EQ(w->status(), Status::Ok);
+  ASSERT_TRUE(eventually([&] { return out.back() != -1.0f; }));
+  copier->stop_auto();
+  copier->run(StagingCopier::Lane::Out);
+  EXPECT_EQ(std::memcmp(in.data(), out.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(daemon.requests().size(), n * sizeof(float) / spec.chunk_bytes);
+  EXPECT_TRUE(daemon.problems().empty()) << daemon.problems().front();
+}
+
+TEST(StagingCopier, EveryCollectiveRoundTripsThroughTheCopierInAWorldOfOne) {
+  const auto job = unique_job("copier-all");
+  FakeDaemon daemon(small_spec(job));
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  auto world = c->world();
+  const std::size_t n = 100000 + 7;  // several chunks and a tail
+  const auto in = ramp(n);
+  auto run = [&](const char* what, auto&& issue) {
+    SCOPED_TRACE(what);
+    std::vector<float> out(n, -1.0f);
+    auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
+    copier->start_auto(true, true);
+    CallOptions co;
+    co.copier = copier;
+    auto w = issue(out.data(), co);
+    w->wait(30s);
+    EXPECT_EQ(w->status(), Status::Ok);
+    copier->stop_auto();
+    copier->run(StagingCopier::Lane::Out);  // the last fences may not have run yet
+    EXPECT_EQ(std::memcmp(in.data(), out.data(), n * sizeof(float)), 0);
+  };
+  run("allreduce", [&](float* out, const CallOptions& co) {
+    return world->allreduce(in.data(), out, n, DType::Float32, ReduceOp::Sum, co);
+  });
+  run("allgather", [&](float* out, const CallOptions& co) { return world->allgather(in.data(), out, n, DType::Float32, co); });
+  run("reduce_scatter", [&](float* out, const CallOptions& co) {
+    return world->reduce_scatter(in.data(), out, n, DType::Float32, ReduceOp::Sum, co);
+  });
+  run("alltoall", [&](float* out, const CallOptions& co) { return world->alltoall(in.data(), out, n, DType::Float32, co); });
+  run("alltoallv", [&](float* out, const CallOptions& co) {
+    return world->alltoallv(in.data(), {n}, out, {n}, DType::Float32, co);
+  });
+}
+
+TEST(StagingCopier, AFailedChunkDropsTheStagedRestAndFreesTheirRegions) {
+  const auto job = unique_job("copier-fail");
+  const auto spec = small_spec(job);
+  FakeDaemon daemon(spec);
+  const std::string text = "allreduce mismatch: rank 1 posted another count";
+  daemon.set_policy([&](const ipc::RequestDesc& d, std::size_t) {
+    if (d.seq == 1) return Answer{Answer::Fail, Status::Mismatch, text};
+    return Answer{};
+  });
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::size_t n = 64 * 1024;  // 4 chunks
+  const auto in = ramp(n);
+  std::vector<float> out(n, -1.0f);
+  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
+  CallOptions co;
+  co.copier = copier;
+  auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
+  ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
+  copier->run(StagingCopier::Lane::In, 1);
+  ASSERT_TRUE(daemon.wait_for_requests(1, 10s));
+  // The failure is reported at once: the chunks still copying in never go.
+  try {
+    w->wait(10s);
+    ADD_FAILURE() << "the op did not fail";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Mismatch);
+    EXPECT_EQ(std::string(e.what()), text);
+  }
+  copier->run(StagingCopier::Lane::In);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(daemon.requests().size(), 1u) << "chunks of a failed op were posted";
+  EXPECT_EQ(copier->issued(StagingCopier::Lane::Out), 0u);
+  // Their regions came back once their copies in passed: a later op may use the whole arena.
+  daemon.set_policy(nullptr);
+  const std::size_t big = spec.arena_bytes / 4 / sizeof(float);
+  std::vector<float> a(big, 1.0f), b(big, 0.0f);
+  c->world()->allreduce(a.data(), b.data(), big, DType::Float32, ReduceOp::Sum)->wait(10s);
+  EXPECT_EQ(b.back(), 1.0f);
+}
+
+TEST(StagingCopier, DetachWithCopiesStillQueuedFailsTheOpAndTheClientWaitsForThem) {
+  const auto job = unique_job("copier-detach");
+  FakeDaemon daemon(small_spec(job));
+  daemon.start();
+  const std::size_t n = 64 * 1024;
+  const auto in = ramp(n);
+  std::vector<float> out(n, -1.0f);
+  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
+  smddp::client::WorkPtr w;
+  {
+    auto c = Client::attach(attach_options(job));
+    CallOptions co;
+    co.copier = copier;
+    w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
+    ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
+    c->detach();
+    EXPECT_TRUE(w->done());
+    EXPECT_EQ(w->status(), Status::Shutdown);
+  }
+  w.reset();  // the last reference to the client: it must not unmap the arena under queued copies
+  EXPECT_TRUE(copier->drained());
+  EXPECT_TRUE(daemon.requests().empty());
+}
