@@ -14,6 +14,7 @@
 #include "torch_plugin/errors.hpp"
 
 #if SMDDP_PLUGIN_CUDA
+#include "client/gpu/arena_copier.hpp"
 #include "client/gpu/peer_executor.hpp"
 #endif
 
@@ -184,6 +185,8 @@ struct CudaPath::Impl {
   // that tie a submitted call to the plan the daemon answers with.
   bool rank_exec = true;
   std::shared_ptr<client::gpu::PeerExecutor> exec;
+  // Across nodes: the arena, registered with CUDA, and the copy streams (first use).
+  std::shared_ptr<client::gpu::ArenaCopyLanes> arena_lanes;
   std::atomic<std::uint64_t> next_token{1};
   client::gpu::PeerExecutor& executor(int device) {
     if (exec) {
@@ -746,6 +749,44 @@ void CudaPath::block_current_stream(const std::shared_ptr<Done>& done, c10::Devi
   check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), done->event, 0), "cudaStreamWaitEvent");
 }
 
+std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device device, const void* in, void* out) {
+  std::shared_ptr<client::gpu::ArenaCopyLanes> lanes;
+  {
+    std::lock_guard lk(impl_->mu);
+    auto [arena, bytes] = impl_->locked()->arena_region();
+    auto& l = impl_->arena_lanes;
+    if (l && (l->device() != device.index() || !l->covers(arena, bytes)))
+      throw SmddpException(ErrorKind::InvalidArgument, "smddp: this rank already stages CUDA tensors across nodes from cuda:" +
+                                                           std::to_string(l->device()) + ", not cuda:" +
+                                                           std::to_string(device.index()) + " (one GPU per rank)");
+    try {
+      if (!l) l = std::make_shared<client::gpu::ArenaCopyLanes>(device.index(), arena, bytes);
+    } catch (const std::exception& e) {
+      throw SmddpException(ErrorKind::Internal, std::string("smddp: cannot stage CUDA tensors across nodes: ") + e.what());
+    }
+    lanes = l;
+  }
+  c10::cuda::CUDAGuard g(device);
+  try {
+    return lanes->copier(in, out, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  } catch (const std::exception& e) {
+    throw SmddpException(ErrorKind::Internal, std::string("smddp: ") + e.what());
+  }
+}
+
+void CudaPath::after_arena_copies(client::StagingCopier& copier, c10::Device device) {
+  c10::cuda::CUDAGuard g(device);
+  try {
+    client::gpu::ArenaCopyLanes::order_after(copier, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  } catch (const std::exception& e) {
+    throw SmddpException(ErrorKind::Internal, std::string("smddp: ") + e.what());
+  }
+}
+
+std::string CudaPath::arena_copy_error(const client::StagingCopier& copier) {
+  return client::gpu::ArenaCopyLanes::error(copier);
+}
+
 #else  // no CUDA in this torch
 
 bool compiled() noexcept { return false; }
@@ -788,6 +829,11 @@ std::shared_ptr<CudaPath::Staging> CudaPath::stage_in(c10::Device, std::size_t, 
 client::DeviceBuffer CudaPath::staging_buffer(const std::shared_ptr<Staging>&, std::size_t) { return {}; }
 void CudaPath::copy_out(const std::shared_ptr<Staging>&, const at::Tensor&) {}
 void CudaPath::release_staging(std::shared_ptr<Staging>, std::shared_ptr<Done>) {}
+std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device, const void*, void*) {
+  throw SmddpException(ErrorKind::Unsupported, "smddp: this smddp build has no GPU path (torch without CUDA)");
+}
+void CudaPath::after_arena_copies(client::StagingCopier&, c10::Device) {}
+std::string CudaPath::arena_copy_error(const client::StagingCopier&) { return {}; }
 
 #endif
 

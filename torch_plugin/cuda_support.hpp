@@ -114,6 +114,16 @@ class CudaPath {
   // Back to the pool; the next user waits for `done` (null: the daemon never ran it).
   void release_staging(std::shared_ptr<Staging> s, std::shared_ptr<Done> done);
 
+  // Across nodes: what moves a CUDA operation's bytes through this rank's arena (pipelined
+  // device-to-host, fabric, host-to-device; client/gpu/arena_copier.hpp), ordered after the
+  // current stream of `device`. `in`/`out`: the tensors' device pointers (either may be null).
+  std::shared_ptr<client::StagingCopier> arena_copier(c10::Device device, const void* in, void* out);
+  // Makes the current stream of `device` wait for the copier's copies out (run inside
+  // complete()'s body); throws if one of its copies failed.
+  static void after_arena_copies(client::StagingCopier& copier, c10::Device device);
+  // Why the copier's copies failed ("" if they did not).
+  static std::string arena_copy_error(const client::StagingCopier& copier);
+
  private:
   int record_input_event(c10::Device device, void* stream);  // interprocess-event mode
   struct Impl;

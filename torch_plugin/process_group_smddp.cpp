@@ -283,24 +283,20 @@ bool ProcessGroupSMDDP::spans_nodes(const client::DeviceCall& call) const {
 
 client::WorkPtr ProcessGroupSMDDP::host_staged_call(WorkSMDDP& w, const client::DeviceCall& call,
                                                     const at::Tensor* in, const at::Tensor* out,
-                                                    const client::CallOptions& co) {
-  const auto host_like = [](const at::Tensor& t) {
-    return at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  };
-  const bool same = in && out && in->numel() > 0 && in->data_ptr() == out->data_ptr() && in->numel() == out->numel();
-  at::Tensor hin, hout;
-  if (in && in->numel() > 0) {
-    hin = host_like(*in);
-    hin.copy_(*in);  // ordered after the caller's stream; the CPU waits for it
-    w.keep_alive(hin);
+                                                    const client::CallOptions& options) {
+  // The daemons' host path runs it; the bytes go through this rank's arena chunk by chunk
+  // (device to host, fabric, host to device), the copies of some chunks overlapping the
+  // fabric's work on others. Nothing here waits for the GPU.
+  void* ip = in && in->numel() > 0 ? in->data_ptr() : nullptr;
+  void* op = out && out->numel() > 0 ? out->data_ptr() : nullptr;
+  client::CallOptions co = options;
+  if (ip || op) {
+    co.copier = cuda_path_->arena_copier((ip ? *in : *out).device(), ip, op);
+    w.add_arena_copier(co.copier);
+    if (ip) {
+      w.keep_alive(*in);  // read by the copies in, which run on streams of ours
+    }
   }
-  if (out && out->numel() > 0) {
-    hout = same ? hin : host_like(*out);
-    w.keep_alive(hout);
-    w.add_host_output(hout, *out);
-  }
-  void* ip = hin.defined() ? hin.data_ptr() : nullptr;
-  void* op = hout.defined() ? hout.data_ptr() : nullptr;
   using client::OpType;
   switch (call.op) {
     case OpType::AllReduce:

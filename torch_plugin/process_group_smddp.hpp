@@ -102,9 +102,9 @@ class ProcessGroupSMDDP : public BackendBase {
   void require_supported_path(const char* op, DevicePath path) const;
   // GPU path: submits `call` with CUDA tensors `in`/`out` (null where the role has none),
   // after recording an input event on the current stream.
-  // CUDA tensors in a group that spans nodes: through pinned host copies and the daemons'
-  // host path across the fabric (the CPU waits for the copy to host; the copy back runs on
-  // the Work's completion stream).
+  // CUDA tensors in a group that spans nodes: the daemons' host path across the fabric, the
+  // bytes staged chunk by chunk through this rank's arena by copy streams of ours
+  // (client/gpu/arena_copier.hpp); the Work's completion stream waits for the copies back.
   bool spans_nodes(const client::DeviceCall& call) const;
   client::WorkPtr host_staged_call(WorkSMDDP& w, const client::DeviceCall& call, const at::Tensor* in,
                                    const at::Tensor* out, const client::CallOptions& co);

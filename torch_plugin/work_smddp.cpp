@@ -120,6 +120,19 @@ void WorkSMDDP::finalize() {
         if (!error) error = std::current_exception();
       }
     }
+    if (error) {
+      // A chunk failed while others were still being copied: the caller may free or reuse
+      // its tensors once it sees the failure, so their copies must be over by then.
+      for (const auto& copier : arena_copiers_) {
+        copier->drain();
+      }
+    }
+    for (const auto& copier : arena_copiers_) {
+      if (auto why = gpu::CudaPath::arena_copy_error(*copier); !why.empty() && !error) {
+        error = std::make_exception_ptr(SmddpException(ErrorKind::Internal, std::string("smddp ") + op_name_ +
+                                                                                ": staging through the arena failed: " + why));
+      }
+    }
     if (!error && future_at_issue_) {
       future_done = true;  // nothing left to do on the GPU
     } else if (!error) {
@@ -137,8 +150,8 @@ void WorkSMDDP::finalize() {
               gpu::CudaPath::copy_out(s, to);
             }
           }
-          for (const auto& [host, to] : host_outputs_) {
-            to.copy_(host, /*non_blocking=*/true);  // pinned: the host allocator keeps it until copied
+          for (const auto& copier : arena_copiers_) {
+            gpu::CudaPath::after_arena_copies(*copier, cuda_device_);
           }
           if (epilogue_) {
             epilogue_();
@@ -165,7 +178,7 @@ void WorkSMDDP::finalize() {
       cuda_->release_staging(s, done_);
     }
     staging_.clear();
-    host_outputs_.clear();
+    arena_copiers_.clear();
   } else if (!error && epilogue_) {
     try {
       epilogue_();
@@ -274,9 +287,9 @@ void WorkSMDDP::add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tenso
   staging_.emplace_back(std::move(s), std::move(copy_to));
 }
 
-void WorkSMDDP::add_host_output(at::Tensor host, at::Tensor to) {
+void WorkSMDDP::add_arena_copier(std::shared_ptr<client::StagingCopier> copier) {
   std::lock_guard lock(state_mutex_);
-  host_outputs_.emplace_back(std::move(host), std::move(to));
+  arena_copiers_.push_back(std::move(copier));
 }
 
 void WorkSMDDP::add_exec_token(std::uint64_t token) {
@@ -297,7 +310,7 @@ void WorkSMDDP::set_fast(std::shared_ptr<gpu::CudaPath::FastMark> mark) {
 void WorkSMDDP::set_async_errors(std::shared_ptr<AsyncErrors> errors) { async_errors_ = std::move(errors); }
 
 bool WorkSMDDP::stream_only_locked() const {
-  return fast_ && ops_.size() == 1 && children_.empty() && !epilogue_ && staging_.empty() && host_outputs_.empty();
+  return fast_ && ops_.size() == 1 && children_.empty() && !epilogue_ && staging_.empty() && arena_copiers_.empty();
 }
 
 bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {

@@ -78,9 +78,9 @@ class WorkSMDDP : public c10d::Work {
   // A staging buffer (expandable segments) this work uses; if `copy_to` is defined, the
   // buffer is copied into it on completion, before the epilogue.
   void add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tensor copy_to);
-  // Across nodes: a pinned host tensor the collective wrote, copied into `to` (CUDA) on
-  // completion, before the epilogue.
-  void add_host_output(at::Tensor host, at::Tensor to);
+  // Across nodes: the copier that moves the op's bytes through the arena. On completion the
+  // completion stream waits for its copies out, before the epilogue; a failed copy fails the work.
+  void add_arena_copier(std::shared_ptr<client::StagingCopier> copier);
   // The GPU fast path: the op's kernel is already enqueued; `mark` follows it. If this work is
   // that one op alone, wait() only makes the caller's stream wait for it (as NCCL's), and a
   // failure reported later goes to `errors`.
@@ -116,7 +116,7 @@ class WorkSMDDP : public c10d::Work {
   std::shared_ptr<gpu::CudaPath::Done> done_;  // set before completion; read by synchronize()
   std::vector<c10::intrusive_ptr<WorkSMDDP>> sync_children_;
   std::vector<std::pair<std::shared_ptr<gpu::CudaPath::Staging>, at::Tensor>> staging_;
-  std::vector<std::pair<at::Tensor, at::Tensor>> host_outputs_;  // (host, cuda)
+  std::vector<std::shared_ptr<client::StagingCopier>> arena_copiers_;
   // Until finalize(), or the Work's end for a lone fast op (its waits and Future use it).
   std::shared_ptr<gpu::CudaPath::FastMark> fast_;
   bool waited_async_ = false;  // wait() returned before finalize(): report failures later

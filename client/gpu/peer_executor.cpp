@@ -8,19 +8,13 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "client/gpu/cuda_util.hpp"
 #include "client/gpu/schedule.hpp"
 #include "daemon/cuda/device_kernels.hpp"
 #include "ipc/segment.hpp"
 
 namespace smddp::client::gpu {
 namespace {
-
-void check(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // clear it so the next call is judged on its own
-    throw std::runtime_error(what + ": " + cudaGetErrorString(e));
-  }
-}
 
 // Stream memory operations through the runtime's driver entry points (no libcuda link).
 using StreamValue = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
@@ -44,31 +38,13 @@ const StreamOps& stream_ops() {
   return ops;
 }
 
-// Makes `dev` current for the scope and restores the caller's device (torch tracks its own).
-class DeviceScope {
- public:
-  explicit DeviceScope(int dev) {
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != dev) check(cudaSetDevice(dev), "cudaSetDevice");
-  }
-  ~DeviceScope() {
-    int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now != prev_) cudaSetDevice(prev_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int prev_ = 0;
-};
-
 // The flag allocation every rank publishes: the flag block (stream flags, plan barriers),
 // then the fast path's flags (row w written by local rank w, one word per thread block),
 // then its two staging buffers (by sequence parity).
 constexpr std::size_t kFastFlagsOffset = ipc::kFlagBlockBytes;
 constexpr std::size_t kFastFlagsBytes = std::size_t{ipc::kMaxLocalRanks} * daemon::cuda::kFastMaxBlocks * 8;
 constexpr std::size_t kFastStageOffset = kFastFlagsOffset + kFastFlagsBytes;
-constexpr std::uint64_t kFastStageBytes = 2ull << 20;
+constexpr std::uint64_t kFastStageBytes = 4ull << 20;
 constexpr std::size_t kFlagAllocBytes = kFastStageOffset + 2 * kFastStageBytes;
 static_assert(kFastStageOffset % 256 == 0);
 

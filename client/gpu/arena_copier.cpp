@@ -1,0 +1,226 @@
+#include "client/gpu/arena_copier.hpp"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <functional>
+
+#include "client/gpu/cuda_util.hpp"
+
+namespace smddp::client::gpu {
+
+// What a fence's host function touches: shared with it, so a copier dropped while its last
+// fences are still queued stays valid until they ran.
+struct CopierState {
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    std::uint64_t issued = 0;               // last ticket handed out (client's lock)
+    std::atomic<std::uint64_t> passed{0};   // last ticket whose copies finished
+  };
+  std::array<Lane, 2> lanes;  // by StagingCopier::Lane
+  std::mutex mu;              // wake and error
+  std::function<void()> wake;
+  std::string error;
+};
+
+namespace {
+struct Fence {
+  std::shared_ptr<CopierState> state;
+  int lane;
+  std::uint64_t ticket;
+};
+
+// Tickets only grow, whoever stores them first (a failed fence passes at once, before the
+// host functions of earlier ones ran).
+void raise(std::atomic<std::uint64_t>& passed, std::uint64_t ticket) {
+  std::uint64_t now = passed.load(std::memory_order_relaxed);
+  while (now < ticket && !passed.compare_exchange_weak(now, ticket, std::memory_order_release)) {
+  }
+}
+
+void CUDART_CB fence_passed(void* arg) {
+  std::unique_ptr<Fence> f(static_cast<Fence*>(arg));
+  raise(f->state->lanes[static_cast<std::size_t>(f->lane)].passed, f->ticket);
+  std::function<void()> wake;
+  {
+    std::lock_guard lk(f->state->mu);
+    wake = f->state->wake;
+  }
+  if (wake) wake();
+}
+}  // namespace
+
+class OpCopier final : public StagingCopier {
+ public:
+  OpCopier(std::shared_ptr<ArenaCopyLanes> lanes, const void* in, void* out, cudaStream_t producer)
+      : lanes_(std::move(lanes)), in_(static_cast<const std::byte*>(in)), out_(static_cast<std::byte*>(out)) {
+    pair_ = lanes_->take();
+    state_->lanes[0].stream = pair_.in;
+    state_->lanes[1].stream = pair_.out;
+    try {
+      DeviceScope scope(lanes_->device());
+      // Both lanes follow the caller's stream as it is now: the inputs are written, and the
+      // outputs are no longer read by anything issued before the operation.
+      check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+      check(cudaEventRecord(ready_, producer), "cudaEventRecord");
+      check(cudaStreamWaitEvent(pair_.in, ready_, 0), "cudaStreamWaitEvent");
+      check(cudaStreamWaitEvent(pair_.out, ready_, 0), "cudaStreamWaitEvent");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~OpCopier() override { release(); }
+  OpCopier(const OpCopier&) = delete;
+  OpCopier& operator=(const OpCopier&) = delete;
+
+  void set_wake(std::function<void()> wake) override {
+    std::lock_guard lk(state_->mu);
+    state_->wake = std::move(wake);
+  }
+  void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) override {
+    copy(to, in_ + offset, bytes, cudaMemcpyDeviceToHost, pair_.in);
+  }
+  void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) override {
+    copy(out_ + offset, from, bytes, cudaMemcpyHostToDevice, pair_.out);
+  }
+  std::uint64_t fence(Lane lane) override {
+    auto& l = state_->lanes[static_cast<std::size_t>(lane)];
+    const std::uint64_t ticket = ++l.issued;
+    auto f = std::make_unique<Fence>(Fence{state_, static_cast<int>(lane), ticket});
+    try {
+      DeviceScope scope(lanes_->device());
+      check(cudaLaunchHostFunc(l.stream, fence_passed, f.get()), "cudaLaunchHostFunc");
+      f.release();  // fence_passed owns it now
+      return ticket;
+    } catch (const std::exception& x) {
+      fail(x.what());
+    }
+    // The client must not wait for ever: the fence passes now, and the error fails the work.
+    raise(l.passed, ticket);
+    return ticket;
+  }
+  bool passed(Lane lane, std::uint64_t ticket) const override {
+    return state_->lanes[static_cast<std::size_t>(lane)].passed.load(std::memory_order_acquire) >= ticket;
+  }
+  void drain() noexcept override {
+    try {
+      DeviceScope scope(lanes_->device());
+      cudaStreamSynchronize(pair_.in);
+      cudaStreamSynchronize(pair_.out);
+    } catch (...) {
+      // The device is gone: nothing will copy any more either.
+    }
+  }
+
+  void order_after(cudaStream_t consumer) {
+    DeviceScope scope(lanes_->device());
+    cudaEvent_t done = nullptr;
+    check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    const cudaError_t r = cudaEventRecord(done, pair_.out);
+    const cudaError_t w = r == cudaSuccess ? cudaStreamWaitEvent(consumer, done, 0) : r;
+    cudaEventDestroy(done);  // destroying a recorded event is deferred until it completes
+    check(w, "ordering after the copies out of the arena");
+  }
+  std::string error() const {
+    std::lock_guard lk(state_->mu);
+    return state_->error;
+  }
+
+ private:
+  void copy(void* dst, const void* src, std::uint64_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+    try {
+      DeviceScope scope(lanes_->device());
+      check(cudaMemcpyAsync(dst, src, bytes, kind, s), kind == cudaMemcpyDeviceToHost
+                                                            ? "copying a CUDA tensor into the arena"
+                                                            : "copying the arena into a CUDA tensor");
+    } catch (const std::exception& x) {
+      fail(x.what());
+    }
+  }
+  void fail(const std::string& why) {
+    std::lock_guard lk(state_->mu);
+    if (state_->error.empty()) state_->error = why;
+  }
+  void release() {
+    if (ready_) {
+      cudaEventDestroy(ready_);
+      ready_ = nullptr;
+    }
+    if (pair_.in) lanes_->give(pair_);
+    pair_ = {};
+  }
+
+  std::shared_ptr<ArenaCopyLanes> lanes_;
+  const std::byte* in_;
+  std::byte* out_;
+  ArenaCopyLanes::Pair pair_;
+  cudaEvent_t ready_ = nullptr;
+  std::shared_ptr<CopierState> state_ = std::make_shared<CopierState>();
+};
+
+ArenaCopyLanes::ArenaCopyLanes(int device, std::byte* arena, std::size_t bytes)
+    : device_(device), arena_(arena), bytes_(bytes) {
+  if (!arena || bytes == 0) throw std::runtime_error("this rank has no arena to stage CUDA tensors through");
+  DeviceScope scope(device_);
+  check(cudaHostRegister(arena_, bytes_, cudaHostRegisterPortable),
+        "cudaHostRegister of the smddp arena (CUDA tensors across nodes are staged through it)");
+}
+
+ArenaCopyLanes::~ArenaCopyLanes() {
+  try {
+    DeviceScope scope(device_);
+    for (auto& p : all_) {
+      cudaStreamSynchronize(p.in);
+      cudaStreamSynchronize(p.out);
+      cudaStreamDestroy(p.in);
+      cudaStreamDestroy(p.out);
+    }
+    cudaHostUnregister(arena_);
+  } catch (...) {
+    // Teardown after the device failed: nothing left to release through it.
+  }
+}
+
+std::shared_ptr<StagingCopier> ArenaCopyLanes::copier(const void* in, void* out, cudaStream_t producer) {
+  return std::make_shared<OpCopier>(shared_from_this(), in, out, producer);
+}
+
+void ArenaCopyLanes::order_after(StagingCopier& copier, cudaStream_t consumer) {
+  dynamic_cast<OpCopier&>(copier).order_after(consumer);
+}
+
+std::string ArenaCopyLanes::error(const StagingCopier& copier) {
+  return dynamic_cast<const OpCopier&>(copier).error();
+}
+
+ArenaCopyLanes::Pair ArenaCopyLanes::take() {
+  {
+    std::lock_guard lk(mu_);
+    if (!free_.empty()) {
+      Pair p = free_.back();
+      free_.pop_back();
+      return p;
+    }
+  }
+  DeviceScope scope(device_);
+  Pair p;
+  check(cudaStreamCreateWithFlags(&p.in, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (const auto e = cudaStreamCreateWithFlags(&p.out, cudaStreamNonBlocking); e != cudaSuccess) {
+    cudaStreamDestroy(p.in);
+    check(e, "cudaStreamCreate");
+  }
+  std::lock_guard lk(mu_);
+  all_.push_back(p);
+  return p;
+}
+
+void ArenaCopyLanes::give(Pair p) {
+  // Reused by a later operation: its copies then also wait for this one's last ones, which
+  // depend on nothing later, so nothing can wait in a circle.
+  std::lock_guard lk(mu_);
+  free_.push_back(p);
+}
+
+}  // namespace smddp::client::gpu

@@ -1,0 +1,69 @@
+// ArenaCopier: the client's StagingCopier (client/client.hpp) for CUDA buffers. It carries CUDA
+// tensors of a group that spans nodes: their bytes cross the fabric through the rank's arena,
+// so each chunk goes device-to-host into the arena, through the daemons, and host-to-device
+// back, pipelined: the client posts a chunk as soon as its copy in has finished and frees it
+// once its copy out has, while the copy engines work on the next ones.
+//
+// The arena is registered with CUDA (pinned), so the copies are asynchronous DMA. Each
+// operation gets its own pair of streams (in and out) from a pool, both ordered after the
+// work on the caller's stream when it issued the operation, and nothing else: a chunk whose
+// copy is enqueued late (the arena was full) never waits behind a later operation's inputs,
+// which may themselves wait for this one. A fence is a host function on the stream that marks
+// its ticket passed and wakes the client.
+//
+// Threading: ArenaCopyLanes may be used from any thread; an operation's copier from the
+// client's calls (under its lock) and from CUDA's host-function thread (fences).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/client.hpp"
+
+namespace smddp::client::gpu {
+
+class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
+ public:
+  // Registers `arena` (the client's Client::arena_region()) with CUDA on `device`.
+  ArenaCopyLanes(int device, std::byte* arena, std::size_t bytes);
+  // Waits for every copy, then unregisters the arena.
+  ~ArenaCopyLanes();
+  ArenaCopyLanes(const ArenaCopyLanes&) = delete;
+  ArenaCopyLanes& operator=(const ArenaCopyLanes&) = delete;
+
+  // A copier for one operation whose buffers are `in` and `out` (device pointers on this
+  // lanes' device; either may be null), ordered after the work on `producer` so far.
+  std::shared_ptr<StagingCopier> copier(const void* in, void* out, cudaStream_t producer);
+  // Makes `consumer` wait for every copy out `copier` (from copier()) enqueued so far.
+  static void order_after(StagingCopier& copier, cudaStream_t consumer);
+  // The first CUDA error of `copier`'s copies, if any (the bytes it moved are then not to be used).
+  static std::string error(const StagingCopier& copier);
+
+  int device() const noexcept { return device_; }
+  bool covers(const std::byte* arena, std::size_t bytes) const noexcept {
+    return arena == arena_ && bytes == bytes_;
+  }
+
+ private:
+  friend class OpCopier;
+  struct Pair {
+    cudaStream_t in = nullptr, out = nullptr;
+  };
+  Pair take();
+  void give(Pair p);
+
+  int device_;
+  std::byte* arena_;
+  std::size_t bytes_;
+  std::mutex mu_;
+  std::vector<Pair> free_;
+  std::vector<Pair> all_;
+};
+
+}  // namespace smddp::client::gpu
