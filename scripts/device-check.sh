@@ -9,8 +9,8 @@
 #
 # --quick fits one 10-minute device call (about 8 minutes on 2xH200): it builds only what the
 # GPU path needs, runs the GPU suites through smddprun only (and across 2 simulated nodes), then the benchmark sweep (16 B to
-# 1 GiB beside NCCL) and the overlap benchmark, each step under its own time limit so that one
-# hang cannot eat the call.
+# 1 GiB beside NCCL), the overlap benchmark and CUDA tensors across 2 simulated nodes, each step
+# under its own time limit so that one hang cannot eat the call.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -83,8 +83,13 @@ if [ "$quick" -eq 1 ]; then
       mkdir -p "$OUT/bench"
       step bench_sweep timeout 200 "$py" scripts/bench_torch.py --build "$build" --min 16 --max 1G \
         --json "$OUT/bench/sweep.json"
-      step bench_overlap timeout 60 "$py" scripts/bench_torch.py --build "$build" --ops allgather --min 64M \
+      step bench_overlap timeout 90 "$py" scripts/bench_torch.py --build "$build" --ops allgather --min 64M \
         --max 1G --overlap --json "$OUT/bench/overlap.json"
+      # CUDA tensors across 2 simulated nodes (arena staging through the fabric) beside CPU tensors.
+      if [ -e "$build/daemon/transport/libsmddp_transport.a" ]; then
+        step bench_multinode timeout 120 "$py" scripts/bench_torch.py --build "$build" --simulate-nodes 2 --nproc 2 \
+          --ops allreduce,allgather,reducescatter --min 64K --max 256M --json "$OUT/bench/multinode.json"
+      fi
     fi
   fi
 elif step build cmake --build "$build" -j"$jobs"; [ "${step_rc[build]}" -eq 0 ]; then
