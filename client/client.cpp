@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "client/client_impl.hpp"
 #include "ipc/names.hpp"
@@ -221,10 +222,10 @@ ClientImpl::~ClientImpl() {
     std::lock_guard lk(waker_->mu);
     waker_->bell = nullptr;
   }
-  // Copies into or out of the arena must end before it is unmapped.
+  // Copies into or out of the arena must end before it is unmapped, and so must its CUDA
+  // registration. (Staged chunks hold their ops, which hold the client: none are left.)
   for (auto& d : draining_) d.copier->drain();
-  for (auto& st : outbox_)
-    if (st.ticket) st.inflight.op->plan_.copier->drain();
+  if (arena_release_) arena_release_();
   std::uint32_t reg = static_cast<std::uint32_t>(ipc::SlotState::Registered);
   slot_.state.compare_exchange_strong(reg, static_cast<std::uint32_t>(ipc::SlotState::Exited));
 }
@@ -258,7 +259,7 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
     std::lock_guard lk(mu_);
     if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
     if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
-    if (op->plan_.base.op == OpType::Send || op->plan_.base.op == OpType::Recv) p2p_.push_back(op);
+    if (is_p2p(op->plan_.base.op)) p2p_.push_back(op);
     else queue_.push_back(op);
     ++active_;
     // A GPU fast-path op is already running: its caller must not pay for finishing earlier
@@ -335,25 +336,35 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
   }
   const bool p2p = is_p2p(p.base.op);
   const std::uint64_t ticket = copied_in ? copier->fence(StagingCopier::Lane::In) : 0;
-  outbox_.push_back(Staged{d, Inflight{op.shared_from_this(), k, *at, p2p ? bytes : 0}, ticket, p2p});
+  post_or_stage_locked(Staged{d, Inflight{op.shared_from_this(), k, *at, p2p ? bytes : 0}, ticket});
   p2p_bytes_ += p2p ? bytes : 0;
   ++op.next_;
   ++op.inflight_;
   return true;
 }
 
+void ClientImpl::post_or_stage_locked(Staged s) {
+  if (outbox_.empty() && s.ticket == 0 && slot_.requests.try_push(s.desc)) {
+    inflight_.emplace(s.desc.request_id, std::move(s.inflight));
+    posted_ = true;
+    return;
+  }
+  outbox_.push_back(std::move(s));
+}
+
 bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
-  bool pushed = false;
+  bool pushed = std::exchange(posted_, false);
   bool collectives_wait = false;           // an earlier collective chunk is still copying in
   std::vector<const OpState*> p2p_waiting;  // sends/receives with an earlier chunk copying in
   for (auto it = outbox_.begin(); it != outbox_.end();) {
     OpState& op = *it->inflight.op;
+    if (it->ticket) check_copier_locked(op);
     if (op.status_ != Status::Ok) {  // failed or given up: the rest of it never goes
-      drop_staged_locked(*it, callbacks);
+      drop_staged_locked(*it, callbacks, true);
       it = outbox_.erase(it);
       continue;
     }
-    const bool p2p = it->p2p;
+    const bool p2p = is_p2p(op.plan_.base.op);
     const bool behind = p2p ? std::find(p2p_waiting.begin(), p2p_waiting.end(), &op) != p2p_waiting.end()
                             : collectives_wait;
     if (behind || (it->ticket && !op.plan_.copier->passed(StagingCopier::Lane::In, it->ticket))) {
@@ -370,13 +381,27 @@ bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
   return pushed;
 }
 
-void ClientImpl::drop_staged_locked(Staged& s, Deferred& callbacks) {
+void ClientImpl::drop_staged_locked(Staged& s, Deferred& callbacks, bool free_region) {
   OpState& op = *s.inflight.op;
-  free_after_locked(op.plan_.copier, StagingCopier::Lane::In, s.ticket, s.inflight.offset);
+  free_after_locked(op.plan_.copier, StagingCopier::Lane::In, s.ticket, free_region ? s.inflight.offset : kNoRegion);
   p2p_bytes_ -= s.inflight.p2p_bytes;
   --op.inflight_;
   if (op.inflight_ == 0 && !op.done() && op.next_ >= op.nchunks_) finish_locked(op, callbacks);
   callbacks.released.push_back(std::move(s.inflight.op));
+}
+
+void ClientImpl::check_copier_locked(OpState& op) {
+  if (op.status_ != Status::Ok || !op.plan_.copier) return;
+  auto why = op.plan_.copier->error();
+  if (why.empty()) return;
+  op.status_ = Status::Internal;
+  op.error_ = std::string(ipc::to_string(op.plan_.base.op)) + ": moving its bytes through the arena failed: " + why;
+  op.next_ = op.nchunks_;  // submit no more of it
+}
+
+void ClientImpl::set_arena_release(std::function<void()> release) {
+  std::lock_guard lk(mu_);
+  arena_release_ = std::move(release);
 }
 
 void ClientImpl::free_after_locked(const std::shared_ptr<StagingCopier>& copier, StagingCopier::Lane lane,
@@ -424,7 +449,7 @@ bool ClientImpl::submit_device_locked(OpState& op) {
     d.aux.bytes = p.aux.size();
     std::memcpy(arena_.data() + at, p.aux.data(), p.aux.size());
   }
-  outbox_.push_back(Staged{d, Inflight{op.shared_from_this(), 0, at, 0}, 0, is_p2p(p.base.op)});
+  post_or_stage_locked(Staged{d, Inflight{op.shared_from_this(), 0, at, 0}, 0});
   ++op.next_;
   ++op.inflight_;
   return true;
@@ -531,12 +556,13 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
       const auto& p = op.plan_;
       const std::uint64_t e = ipc::dtype_size(p.base.dtype);
       const std::byte* base = arena_.data();
+      bool copied_out = false;
       // `to`: bytes into the caller's output.
       const auto copy_out = [&](std::uint64_t to, const std::byte* from, std::uint64_t len) {
         if (len == 0) return;
         if (p.copier) {
           p.copier->copy_out(to, from, len);
-          out_ticket = 1;
+          copied_out = true;
         } else {
           std::memcpy(p.out + to, from, len);
         }
@@ -551,7 +577,10 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
             p.in_place_stage ? inf.offset : inf.offset + (p.in_blocks * blk + 63) / 64 * 64;
         for (std::uint64_t b = 0; b < p.out_blocks; ++b) copy_out((b * p.user_stride + off) * e, base + out_off + b * blk, blk);
       }
-      if (out_ticket) out_ticket = p.copier->fence(StagingCopier::Lane::Out);
+      if (copied_out) {
+        out_ticket = p.copier->fence(StagingCopier::Lane::Out);
+        check_copier_locked(op);
+      }
     } else if (c.status != Status::Ok && op.status_ == Status::Ok) {
       op.status_ = c.status;
       op.error_ = std::string(c.error_text());
@@ -617,10 +646,7 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   p2p_.clear();
   // Regions stay allocated: a dead daemon will never answer for them. Copies into staged
   // ones may still run: the client waits for them before the arena goes.
-  for (auto& st : outbox_) {
-    if (st.ticket) draining_.push_back(Draining{st.inflight.op->plan_.copier, StagingCopier::Lane::In, st.ticket, kNoRegion});
-    callbacks.released.push_back(std::move(st.inflight.op));
-  }
+  for (auto& st : outbox_) drop_staged_locked(st, callbacks, false);
   outbox_.clear();
   inflight_.clear();
 }
@@ -703,7 +729,8 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
         std::erase_if(queue_, [&](const auto& q) { return q.get() == &op; });
         std::erase_if(p2p_, [&](const auto& q) { return q.get() == &op; });
         finish_locked(op, callbacks);
-        flush_outbox_locked(callbacks);  // drops its staged chunks (its status is no longer Ok)
+        // Drops its staged chunks (its status is no longer Ok); others may go now.
+        if (flush_outbox_locked(callbacks)) segment_.header().daemon_bell.ring();
       }
     }
     run(callbacks);
@@ -958,7 +985,7 @@ class CommImpl final : public Communicator {
   }
 
   WorkPtr device_op(const DeviceCall& c, const CallOptions& o) override {
-    const bool p2p = c.op == OpType::Send || c.op == OpType::Recv;
+    const bool p2p = is_p2p(c.op);
     const bool splits = c.op == OpType::AllToAll && !c.splits.empty();
     auto p = p2p ? plan_p2p(c.op, c.dtype, c.count, c.root, c.tag, o) : plan(c.op, c.dtype, splits ? 0 : c.count, o);
     if (c.op == OpType::Broadcast || c.op == OpType::Reduce || c.op == OpType::Gather || c.op == OpType::Scatter) {

@@ -102,9 +102,12 @@ struct DeviceCall {
 // in have finished, and frees a chunk's arena region only once its copies out have. Copies of
 // some chunks so overlap the daemons' work on others.
 //
-// Threading: the client calls copy_in, copy_out, fence and passed with its lock held, from
-// the submitting thread or its progress thread, so they must not block; the wake function
-// runs on any thread, once per fence, after passed() says that fence has.
+// Threading: the client calls copy_in, copy_out, fence, passed and error with its lock held,
+// from the submitting thread or its progress thread, so they must not block; the wake
+// function runs on any thread, once per fence, after passed() says that fence has.
+//
+// An operation is done once every chunk's copies out are enqueued, not finished: the caller
+// orders its own use of the output after the copier's Out lane (the CUDA copier: a stream).
 class StagingCopier {
  public:
   enum class Lane { In, Out };
@@ -119,6 +122,9 @@ class StagingCopier {
   virtual std::uint64_t fence(Lane lane) = 0;
   // Whether every copy up to `ticket` on `lane` has finished.
   virtual bool passed(Lane lane, std::uint64_t ticket) const = 0;
+  // Why a copy failed ("" while none has): the client then fails the operation and posts
+  // none of its chunks that are still to go.
+  virtual std::string error() const = 0;
   // Blocks until every copy enqueued has finished (the arena is about to go away).
   virtual void drain() noexcept = 0;
 };
@@ -258,6 +264,9 @@ class Client {
   virtual std::optional<GpuSyncArea> gpu_sync_area() { return std::nullopt; }
   // This rank's arena (to register with CUDA for StagingCopier's copies); empty if none.
   virtual std::pair<std::byte*, std::size_t> arena_region() { return {nullptr, 0}; }
+  // Runs once, before the arena is unmapped (the client's end) and after every copy the
+  // client still knew of finished: where the arena's CUDA registration is undone.
+  virtual void set_arena_release(std::function<void()> release) { (void)release; }
   // Publishes the IPC handle of this rank's GPU flag block (ipc::kFlagBlockBytes of device
   // memory: stream flags, then the done flag) for DeviceCall::device_flags requests.
   virtual void publish_flag_block(const std::array<std::uint8_t, 64>& handle) { (void)handle; }

@@ -117,6 +117,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::optional<std::array<std::uint8_t, 64>> daemon_event_handle(int index) const override;
   std::optional<GpuSyncArea> gpu_sync_area() override;
   std::pair<std::byte*, std::size_t> arena_region() override { return {arena_.data(), arena_.size()}; }
+  void set_arena_release(std::function<void()> release) override;
   void publish_flag_block(const std::array<std::uint8_t, 64>& handle) override;
   std::optional<std::array<std::uint8_t, 64>> flag_block_of(int slot) const override;
   void set_exec_handler(ExecHandler handler) override;
@@ -179,7 +180,6 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
     ipc::RequestDesc desc;
     Inflight inflight;
     std::uint64_t ticket;  // the copier's In-lane fence to pass first (0: none)
-    bool p2p;
   };
   std::deque<Staged> outbox_;
   // Arena regions a copier still reads or writes: freed once its fence has passed.
@@ -199,10 +199,18 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
     void wake();
   };
   std::shared_ptr<CopyWaker> waker_ = std::make_shared<CopyWaker>();
+  bool posted_ = false;  // post_or_stage_locked posted something: the daemon's bell is due
+  std::function<void()> arena_release_;  // guarded by mu_
   // Posts what the outbox may post now; true if anything went.
   bool flush_outbox_locked(Deferred& callbacks);
-  // A staged chunk that will never be posted (its op failed or gave up).
-  void drop_staged_locked(Staged& s, Deferred& callbacks);
+  // Posts `s` at once when nothing waits before it and it has no copies to wait for, else
+  // queues it in the outbox.
+  void post_or_stage_locked(Staged s);
+  // A staged chunk that will never be posted (its op failed or gave up). `free_region`:
+  // its region comes back once its copies in passed (false: the daemon is gone).
+  void drop_staged_locked(Staged& s, Deferred& callbacks, bool free_region);
+  // Fails `op` with its copier's error, if it has one.
+  void check_copier_locked(OpState& op);
   // Frees the regions whose copies finished.
   void reap_draining_locked();
   // Frees a region now, or once `copier`'s fence on `lane` has passed.

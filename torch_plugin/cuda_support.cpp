@@ -760,7 +760,14 @@ std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device device
                                                            std::to_string(l->device()) + ", not cuda:" +
                                                            std::to_string(device.index()) + " (one GPU per rank)");
     try {
-      if (!l) l = std::make_shared<client::gpu::ArenaCopyLanes>(device.index(), arena, bytes);
+      if (!l) {
+        l = std::make_shared<client::gpu::ArenaCopyLanes>(device.index(), arena, bytes);
+        // The registration must go before the client unmaps the arena.
+        std::weak_ptr<client::gpu::ArenaCopyLanes> weak = l;
+        impl_->locked()->set_arena_release([weak] {
+          if (auto x = weak.lock()) x->release_arena();
+        });
+      }
     } catch (const std::exception& e) {
       throw SmddpException(ErrorKind::Internal, std::string("smddp: cannot stage CUDA tensors across nodes: ") + e.what());
     }
@@ -783,9 +790,6 @@ void CudaPath::after_arena_copies(client::StagingCopier& copier, c10::Device dev
   }
 }
 
-std::string CudaPath::arena_copy_error(const client::StagingCopier& copier) {
-  return client::gpu::ArenaCopyLanes::error(copier);
-}
 
 #else  // no CUDA in this torch
 
@@ -833,7 +837,6 @@ std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device, const
   throw SmddpException(ErrorKind::Unsupported, "smddp: this smddp build has no GPU path (torch without CUDA)");
 }
 void CudaPath::after_arena_copies(client::StagingCopier&, c10::Device) {}
-std::string CudaPath::arena_copy_error(const client::StagingCopier&) { return {}; }
 
 #endif
 

@@ -119,10 +119,8 @@ class CudaPath {
   // current stream of `device`. `in`/`out`: the tensors' device pointers (either may be null).
   std::shared_ptr<client::StagingCopier> arena_copier(c10::Device device, const void* in, void* out);
   // Makes the current stream of `device` wait for the copier's copies out (run inside
-  // complete()'s body); throws if one of its copies failed.
+  // complete()'s body). A failed copy fails the client's operation.
   static void after_arena_copies(client::StagingCopier& copier, c10::Device device);
-  // Why the copier's copies failed ("" if they did not).
-  static std::string arena_copy_error(const client::StagingCopier& copier);
 
  private:
   int record_input_event(c10::Device device, void* stream);  // interprocess-event mode

@@ -120,17 +120,21 @@ void WorkSMDDP::finalize() {
         if (!error) error = std::current_exception();
       }
     }
-    if (error) {
-      // A chunk failed while others were still being copied: the caller may free or reuse
-      // its tensors once it sees the failure, so their copies must be over by then.
-      for (const auto& copier : arena_copiers_) {
-        copier->drain();
-      }
-    }
-    for (const auto& copier : arena_copiers_) {
-      if (auto why = gpu::CudaPath::arena_copy_error(*copier); !why.empty() && !error) {
-        error = std::make_exception_ptr(SmddpException(ErrorKind::Internal, std::string("smddp ") + op_name_ +
-                                                                                ": staging through the arena failed: " + why));
+    if (error && !arena_copiers_.empty()) {
+      // Copies out of the chunks that did finish may still run: the tensors' memory must not
+      // go to a new owner before they end (the caller may drop them once it sees the
+      // failure). As on success, a completion stream follows the copies and the tensors are
+      // recorded on it; nothing here blocks.
+      try {
+        std::vector<at::Tensor> used = keep_alive_;
+        used.insert(used.end(), outputs_.begin(), outputs_.end());
+        cuda_->complete(cuda_device_, {}, used, [&] {
+          for (const auto& copier : arena_copiers_) {
+            gpu::CudaPath::after_arena_copies(*copier, cuda_device_);
+          }
+        }, nullptr);
+      } catch (...) {
+        // The failure already reported is the one the caller needs.
       }
     }
     if (!error && future_at_issue_) {

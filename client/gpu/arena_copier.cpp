@@ -58,15 +58,18 @@ class OpCopier final : public StagingCopier {
     pair_ = lanes_->take();
     state_->lanes[0].stream = pair_.in;
     state_->lanes[1].stream = pair_.out;
+    cudaEvent_t ready = nullptr;
     try {
       DeviceScope scope(lanes_->device());
       // Both lanes follow the caller's stream as it is now: the inputs are written, and the
       // outputs are no longer read by anything issued before the operation.
-      check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
-      check(cudaEventRecord(ready_, producer), "cudaEventRecord");
-      check(cudaStreamWaitEvent(pair_.in, ready_, 0), "cudaStreamWaitEvent");
-      check(cudaStreamWaitEvent(pair_.out, ready_, 0), "cudaStreamWaitEvent");
+      check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+      check(cudaEventRecord(ready, producer), "cudaEventRecord");
+      check(cudaStreamWaitEvent(pair_.in, ready, 0), "cudaStreamWaitEvent");
+      check(cudaStreamWaitEvent(pair_.out, ready, 0), "cudaStreamWaitEvent");
+      cudaEventDestroy(ready);  // the waits keep what they need
     } catch (...) {
+      if (ready) cudaEventDestroy(ready);
       release();
       throw;
     }
@@ -97,7 +100,9 @@ class OpCopier final : public StagingCopier {
     } catch (const std::exception& x) {
       fail(x.what());
     }
-    // The client must not wait for ever: the fence passes now, and the error fails the work.
+    // The client must not wait for ever: the fence passes once the copies before it are over
+    // (rare, so waiting here is acceptable), and the error fails the operation.
+    cudaStreamSynchronize(l.stream);
     raise(l.passed, ticket);
     return ticket;
   }
@@ -123,7 +128,7 @@ class OpCopier final : public StagingCopier {
     cudaEventDestroy(done);  // destroying a recorded event is deferred until it completes
     check(w, "ordering after the copies out of the arena");
   }
-  std::string error() const {
+  std::string error() const override {
     std::lock_guard lk(state_->mu);
     return state_->error;
   }
@@ -144,10 +149,6 @@ class OpCopier final : public StagingCopier {
     if (state_->error.empty()) state_->error = why;
   }
   void release() {
-    if (ready_) {
-      cudaEventDestroy(ready_);
-      ready_ = nullptr;
-    }
     if (pair_.in) lanes_->give(pair_);
     pair_ = {};
   }
@@ -156,7 +157,6 @@ class OpCopier final : public StagingCopier {
   const std::byte* in_;
   std::byte* out_;
   ArenaCopyLanes::Pair pair_;
-  cudaEvent_t ready_ = nullptr;
   std::shared_ptr<CopierState> state_ = std::make_shared<CopierState>();
 };
 
@@ -166,33 +166,48 @@ ArenaCopyLanes::ArenaCopyLanes(int device, std::byte* arena, std::size_t bytes)
   DeviceScope scope(device_);
   check(cudaHostRegister(arena_, bytes_, cudaHostRegisterPortable),
         "cudaHostRegister of the smddp arena (CUDA tensors across nodes are staged through it)");
+  registered_ = true;
 }
 
 ArenaCopyLanes::~ArenaCopyLanes() {
+  release_arena();
   try {
     DeviceScope scope(device_);
     for (auto& p : all_) {
-      cudaStreamSynchronize(p.in);
-      cudaStreamSynchronize(p.out);
       cudaStreamDestroy(p.in);
       cudaStreamDestroy(p.out);
     }
-    cudaHostUnregister(arena_);
   } catch (...) {
     // Teardown after the device failed: nothing left to release through it.
   }
 }
 
+void ArenaCopyLanes::release_arena() noexcept {
+  std::lock_guard lk(mu_);
+  if (!registered_) return;
+  registered_ = false;
+  try {
+    DeviceScope scope(device_);
+    for (auto& p : all_) {
+      cudaStreamSynchronize(p.in);
+      cudaStreamSynchronize(p.out);
+    }
+    cudaHostUnregister(arena_);
+  } catch (...) {
+    // The device failed: nothing left to release through it.
+  }
+}
+
 std::shared_ptr<StagingCopier> ArenaCopyLanes::copier(const void* in, void* out, cudaStream_t producer) {
+  {
+    std::lock_guard lk(mu_);
+    if (!registered_) throw std::runtime_error("the arena is gone (the client detached)");
+  }
   return std::make_shared<OpCopier>(shared_from_this(), in, out, producer);
 }
 
 void ArenaCopyLanes::order_after(StagingCopier& copier, cudaStream_t consumer) {
   dynamic_cast<OpCopier&>(copier).order_after(consumer);
-}
-
-std::string ArenaCopyLanes::error(const StagingCopier& copier) {
-  return dynamic_cast<const OpCopier&>(copier).error();
 }
 
 ArenaCopyLanes::Pair ArenaCopyLanes::take() {

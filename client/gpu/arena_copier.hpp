@@ -32,7 +32,7 @@ class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
  public:
   // Registers `arena` (the client's Client::arena_region()) with CUDA on `device`.
   ArenaCopyLanes(int device, std::byte* arena, std::size_t bytes);
-  // Waits for every copy, then unregisters the arena.
+  // Waits for every copy, then unregisters the arena (if release_arena() did not yet).
   ~ArenaCopyLanes();
   ArenaCopyLanes(const ArenaCopyLanes&) = delete;
   ArenaCopyLanes& operator=(const ArenaCopyLanes&) = delete;
@@ -42,8 +42,9 @@ class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
   std::shared_ptr<StagingCopier> copier(const void* in, void* out, cudaStream_t producer);
   // Makes `consumer` wait for every copy out `copier` (from copier()) enqueued so far.
   static void order_after(StagingCopier& copier, cudaStream_t consumer);
-  // The first CUDA error of `copier`'s copies, if any (the bytes it moved are then not to be used).
-  static std::string error(const StagingCopier& copier);
+  // Waits for every copy, then undoes the arena's registration; no copier may be made after.
+  // The client calls it (Client::set_arena_release) before it unmaps the arena.
+  void release_arena() noexcept;
 
   int device() const noexcept { return device_; }
   bool covers(const std::byte* arena, std::size_t bytes) const noexcept {
@@ -64,6 +65,7 @@ class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
   std::mutex mu_;
   std::vector<Pair> free_;
   std::vector<Pair> all_;
+  bool registered_ = false;
 };
 
 }  // namespace smddp::client::gpu

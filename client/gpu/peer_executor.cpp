@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -416,8 +417,11 @@ void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t
   // Copies with no order among them (a batch runs in stream order as a whole).
   std::vector<void*> dst;
   std::vector<const void*> src;
+  // cudaMemcpyBatchAsync refuses the legacy default stream (torch's, when the caller waits
+  // and the op runs on its stream); a driver that refuses it once is not asked again.
+  static std::atomic<bool> batch_copies{true};
   const auto copies = [&] {
-    if (dst.size() > 1) {
+    if (dst.size() > 1 && s != nullptr && s != cudaStreamLegacy && batch_copies.load(std::memory_order_relaxed)) {
       std::vector<std::size_t> sizes(dst.size(), bytes);
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -427,7 +431,8 @@ void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t
         src.clear();
         return;
       }
-      cudaGetLastError();  // an older driver: one call each
+      cudaGetLastError();  // one call each from now on
+      batch_copies.store(false, std::memory_order_relaxed);
     }
     for (std::size_t i = 0; i < dst.size(); ++i)
       note(cudaMemcpyAsync(dst[i], src[i], bytes, cudaMemcpyDeviceToDevice, s) == cudaSuccess, "cudaMemcpyAsync failed");
