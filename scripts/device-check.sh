@@ -81,7 +81,7 @@ if [ "$quick" -eq 1 ]; then
     fi
     if [ "$bench" -eq 1 ]; then
       mkdir -p "$OUT/bench"
-      step bench_sweep timeout 200 "$py" scripts/bench_torch.py --build "$build" --min 8 --max 1G \
+      step bench_sweep timeout 200 "$py" scripts/bench_torch.py --build "$build" --min 8 --max 1G --factor 2 \
         --json "$OUT/bench/sweep.json"
       step bench_overlap timeout 90 "$py" scripts/bench_torch.py --build "$build" --ops allgather --min 64M \
         --max 1G --overlap --json "$OUT/bench/overlap.json"
