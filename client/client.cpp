@@ -356,9 +356,13 @@ bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
   bool pushed = std::exchange(posted_, false);
   bool collectives_wait = false;           // an earlier collective chunk is still copying in
   std::vector<const OpState*> p2p_waiting;  // sends/receives with an earlier chunk copying in
+  const OpState* checked = nullptr;         // the last op whose copier was asked for errors
   for (auto it = outbox_.begin(); it != outbox_.end();) {
     OpState& op = *it->inflight.op;
-    if (it->ticket) check_copier_locked(op);
+    if (it->ticket && &op != checked) {
+      check_copier_locked(op);
+      checked = &op;
+    }
     if (op.status_ != Status::Ok) {  // failed or given up: the rest of it never goes
       drop_staged_locked(*it, callbacks, true);
       it = outbox_.erase(it);
@@ -740,7 +744,9 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
                         std::chrono::duration_cast<std::chrono::microseconds>(kSlice), [&] {
                           std::lock_guard lk(mu_);
                           const bool alive = check_liveness_locked(callbacks);
-                          return alive;
+                          // Staged chunks: a copy that faulted never wakes us, so look again
+                          // (progress asks the copiers for errors) once per slice.
+                          return alive && outbox_.empty();
                         });
     run(callbacks);
   }

@@ -115,15 +115,16 @@ class StagingCopier {
   // Set by the client before the first copy.
   virtual void set_wake(std::function<void()> wake) = 0;
   // Enqueues a copy of `bytes` from the caller's input, `offset` bytes in, to the arena at `to`.
-  virtual void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) = 0;
+  virtual void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) noexcept = 0;
   // Enqueues a copy of `bytes` from the arena at `from` into the caller's output, `offset` bytes in.
-  virtual void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) = 0;
+  virtual void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept = 0;
   // Ends the copies enqueued so far on `lane`; returns their ticket (increasing per lane).
-  virtual std::uint64_t fence(Lane lane) = 0;
+  virtual std::uint64_t fence(Lane lane) noexcept = 0;
   // Whether every copy up to `ticket` on `lane` has finished.
-  virtual bool passed(Lane lane, std::uint64_t ticket) const = 0;
-  // Why a copy failed ("" while none has): the client then fails the operation and posts
-  // none of its chunks that are still to go.
+  virtual bool passed(Lane lane, std::uint64_t ticket) const noexcept = 0;
+  // Why a copy failed ("" while none has), whether it failed when enqueued or while it ran:
+  // the client then fails the operation and posts none of its chunks that are still to go.
+  // Copy and fence failures are reported here, never thrown.
   virtual std::string error() const = 0;
   // Blocks until every copy enqueued has finished (the arena is about to go away).
   virtual void drain() noexcept = 0;

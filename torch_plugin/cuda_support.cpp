@@ -753,7 +753,8 @@ std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device device
   std::shared_ptr<client::gpu::ArenaCopyLanes> lanes;
   {
     std::lock_guard lk(impl_->mu);
-    auto [arena, bytes] = impl_->locked()->arena_region();
+    const auto client = impl_->locked();
+    auto [arena, bytes] = client->arena_region();
     auto& l = impl_->arena_lanes;
     if (l && (l->device() != device.index() || !l->covers(arena, bytes)))
       throw SmddpException(ErrorKind::InvalidArgument, "smddp: this rank already stages CUDA tensors across nodes from cuda:" +
@@ -764,7 +765,7 @@ std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device device
         l = std::make_shared<client::gpu::ArenaCopyLanes>(device.index(), arena, bytes);
         // The registration must go before the client unmaps the arena.
         std::weak_ptr<client::gpu::ArenaCopyLanes> weak = l;
-        impl_->locked()->set_arena_release([weak] {
+        client->set_arena_release([weak] {
           if (auto x = weak.lock()) x->release_arena();
         });
       }

@@ -82,13 +82,13 @@ class OpCopier final : public StagingCopier {
     std::lock_guard lk(state_->mu);
     state_->wake = std::move(wake);
   }
-  void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) override {
+  void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) noexcept override {
     copy(to, in_ + offset, bytes, cudaMemcpyDeviceToHost, pair_.in);
   }
-  void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) override {
+  void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept override {
     copy(out_ + offset, from, bytes, cudaMemcpyHostToDevice, pair_.out);
   }
-  std::uint64_t fence(Lane lane) override {
+  std::uint64_t fence(Lane lane) noexcept override {
     auto& l = state_->lanes[static_cast<std::size_t>(lane)];
     const std::uint64_t ticket = ++l.issued;
     auto f = std::make_unique<Fence>(Fence{state_, static_cast<int>(lane), ticket});
@@ -100,13 +100,15 @@ class OpCopier final : public StagingCopier {
     } catch (const std::exception& x) {
       fail(x.what());
     }
-    // The client must not wait for ever: the fence passes once the copies before it are over
-    // (rare, so waiting here is acceptable), and the error fails the operation.
+    // The client must not wait for ever: the fence passes once the copies before it are over,
+    // and the error fails the operation. Waiting under the client's lock goes against the
+    // copier's contract, but only here: a host function that cannot be enqueued means a
+    // broken context, whose streams end at once.
     cudaStreamSynchronize(l.stream);
     raise(l.passed, ticket);
     return ticket;
   }
-  bool passed(Lane lane, std::uint64_t ticket) const override {
+  bool passed(Lane lane, std::uint64_t ticket) const noexcept override {
     return state_->lanes[static_cast<std::size_t>(lane)].passed.load(std::memory_order_acquire) >= ticket;
   }
   void drain() noexcept override {
@@ -119,16 +121,33 @@ class OpCopier final : public StagingCopier {
     }
   }
 
+  // Both lanes: after a failure, dropped chunks' copies in may still read the input.
   void order_after(cudaStream_t consumer) {
     DeviceScope scope(lanes_->device());
-    cudaEvent_t done = nullptr;
-    check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    const cudaError_t r = cudaEventRecord(done, pair_.out);
-    const cudaError_t w = r == cudaSuccess ? cudaStreamWaitEvent(consumer, done, 0) : r;
-    cudaEventDestroy(done);  // destroying a recorded event is deferred until it completes
-    check(w, "ordering after the copies out of the arena");
+    for (cudaStream_t s : {pair_.in, pair_.out}) {
+      cudaEvent_t done = nullptr;
+      check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+      const cudaError_t r = cudaEventRecord(done, s);
+      const cudaError_t w = r == cudaSuccess ? cudaStreamWaitEvent(consumer, done, 0) : r;
+      cudaEventDestroy(done);  // destroying a recorded event is deferred until it completes
+      check(w, "ordering after the copies through the arena");
+    }
   }
   std::string error() const override {
+    // A copy that faulted while it ran breaks the context: its fence's host function never
+    // runs, so the streams' state is where the failure shows (querying never blocks).
+    try {
+      DeviceScope scope(lanes_->device());
+      for (cudaStream_t s : {pair_.in, pair_.out}) {
+        const cudaError_t e = cudaStreamQuery(s);
+        if (e != cudaSuccess && e != cudaErrorNotReady) {
+          cudaGetLastError();
+          fail(std::string("a copy through the arena failed: ") + cudaGetErrorString(e));
+        }
+      }
+    } catch (const std::exception& x) {
+      fail(x.what());
+    }
     std::lock_guard lk(state_->mu);
     return state_->error;
   }
@@ -144,7 +163,7 @@ class OpCopier final : public StagingCopier {
       fail(x.what());
     }
   }
-  void fail(const std::string& why) {
+  void fail(const std::string& why) const {
     std::lock_guard lk(state_->mu);
     if (state_->error.empty()) state_->error = why;
   }
@@ -201,7 +220,7 @@ void ArenaCopyLanes::release_arena() noexcept {
 std::shared_ptr<StagingCopier> ArenaCopyLanes::copier(const void* in, void* out, cudaStream_t producer) {
   {
     std::lock_guard lk(mu_);
-    if (!registered_) throw std::runtime_error("the arena is gone (the client detached)");
+    if (!registered_) throw std::runtime_error("the arena is gone (its client was destroyed)");
   }
   return std::make_shared<OpCopier>(shared_from_this(), in, out, producer);
 }

@@ -40,7 +40,7 @@ class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
   // A copier for one operation whose buffers are `in` and `out` (device pointers on this
   // lanes' device; either may be null), ordered after the work on `producer` so far.
   std::shared_ptr<StagingCopier> copier(const void* in, void* out, cudaStream_t producer);
-  // Makes `consumer` wait for every copy out `copier` (from copier()) enqueued so far.
+  // Makes `consumer` wait for every copy `copier` (from copier()) enqueued so far, in and out.
   static void order_after(StagingCopier& copier, cudaStream_t consumer);
   // Waits for every copy, then undoes the arena's registration; no copier may be made after.
   // The client calls it (Client::set_arena_release) before it unmaps the arena.

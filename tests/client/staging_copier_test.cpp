@@ -43,21 +43,21 @@ class FakeCopier final : public StagingCopier {
     std::lock_guard lk(mu_);
     wake_ = std::move(wake);
   }
-  void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) override {
+  void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) noexcept override {
     std::lock_guard lk(mu_);
     lanes_[0].copies.push_back({to, in_ + offset, bytes});
   }
-  void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) override {
+  void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept override {
     std::lock_guard lk(mu_);
     lanes_[1].copies.push_back({out_ + offset, from, bytes});
   }
-  std::uint64_t fence(Lane lane) override {
+  std::uint64_t fence(Lane lane) noexcept override {
     std::lock_guard lk(mu_);
     auto& l = lanes_[static_cast<int>(lane)];
     l.fences.push_back({++l.issued, l.copies.size()});
     return l.issued;
   }
-  bool passed(Lane lane, std::uint64_t ticket) const override {
+  bool passed(Lane lane, std::uint64_t ticket) const noexcept override {
     return lanes_[static_cast<int>(lane)].passed.load(std::memory_order_acquire) >= ticket;
   }
   std::string error() const override {
@@ -321,6 +321,41 @@ TEST(StagingCopier, AFailedCopyFailsTheOpAndItsChunksNeverGo) {
     EXPECT_NE(std::string(e.what()).find("illegal memory access"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(daemon.requests().empty()) << "chunks whose copies failed went to the daemon";
+}
+
+TEST(StagingCopier, ACopyThatFaultsWhileItRunsFailsTheOpWithoutItsFenceEverPassing) {
+  // A faulted copy breaks the context: its fence never passes and nothing wakes the client,
+  // which must still find the error (by asking the copier) long before the op's timeout.
+  const auto job = unique_job("copier-fault");
+  FakeDaemon daemon(small_spec(job));
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::size_t n = 64 * 1024;
+  const auto in = ramp(n);
+  std::vector<float> out(n, -1.0f);
+  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
+  CallOptions co;
+  co.copier = copier;
+  co.timeout = std::chrono::minutes(10);
+  auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
+  ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
+  // The fault comes while this thread already waits.
+  std::thread fault([&] {
+    std::this_thread::sleep_for(100ms);
+    copier->set_error("an illegal memory access was encountered");
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    w->wait(20s);
+    ADD_FAILURE() << "the op did not fail";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Internal) << e.what();
+  }
+  // Found by the waiter's own look once per slice (20 ms), not when its wait ran out.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  fault.join();
+  EXPECT_TRUE(daemon.requests().empty());
+  copier->run(StagingCopier::Lane::In);  // the regions come back once the copies are over
 }
 
 TEST(StagingCopier, LaterCollectivesWaitForAnEarlierOnesCopiesIn) {
