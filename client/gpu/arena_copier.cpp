@@ -1,10 +1,12 @@
 #include "client/gpu/arena_copier.hpp"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <array>
 #include <atomic>
 #include <functional>
+#include <optional>
 
 #include "client/gpu/cuda_util.hpp"
 
@@ -25,6 +27,28 @@ struct CopierState {
 };
 
 namespace {
+// Driver entry points (no libcuda link, as for the executor's stream operations).
+struct Driver {
+  CUresult (*query)(CUstream) = nullptr;
+  CUresult (*name)(CUresult, const char**) = nullptr;
+};
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver x;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamQuery", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      x.query = reinterpret_cast<CUresult (*)(CUstream)>(fn);
+    if (cudaGetDriverEntryPointByVersion("cuGetErrorName", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      x.name = reinterpret_cast<CUresult (*)(CUresult, const char**)>(fn);
+    cudaGetLastError();
+    return x;
+  }();
+  return d;
+}
+
 struct Fence {
   std::shared_ptr<CopierState> state;
   int lane;
@@ -136,17 +160,23 @@ class OpCopier final : public StagingCopier {
   std::string error() const override {
     // A copy that faulted while it ran breaks the context: its fence's host function never
     // runs, so the streams' state is where the failure shows (querying never blocks).
-    try {
-      DeviceScope scope(lanes_->device());
+    // Through the driver: the runtime's query would leave "not ready" for a later
+    // cudaGetLastError() on this thread to mistake for a failed launch.
+    if (const auto& d = driver(); d.query) {
+      std::optional<DeviceScope> scope;
+      try {
+        scope.emplace(lanes_->device());  // the stream's context current on this thread
+      } catch (const std::exception& x) {
+        fail(x.what());
+      }
       for (cudaStream_t s : {pair_.in, pair_.out}) {
-        const cudaError_t e = cudaStreamQuery(s);
-        if (e != cudaSuccess && e != cudaErrorNotReady) {
-          cudaGetLastError();
-          fail(std::string("a copy through the arena failed: ") + cudaGetErrorString(e));
+        const CUresult e = d.query(reinterpret_cast<CUstream>(s));
+        if (e != CUDA_SUCCESS && e != CUDA_ERROR_NOT_READY) {
+          const char* name = nullptr;
+          if (!d.name || d.name(e, &name) != CUDA_SUCCESS || !name) name = "unknown CUDA error";
+          fail(std::string("a copy through the arena failed: ") + name + " (" + std::to_string(e) + ")");
         }
       }
-    } catch (const std::exception& x) {
-      fail(x.what());
     }
     std::lock_guard lk(state_->mu);
     return state_->error;
