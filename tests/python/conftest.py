@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -97,15 +98,27 @@ def master_port():
     return str(free_port())
 
 
+def read_records(folder):
+    """The record lines the workers wrote into `folder` (workers/common.py emit()); "" if none."""
+    lines = []
+    for path in sorted(glob.glob(os.path.join(folder, "records.*"))):
+        with open(path) as f:
+            lines.append(f.read())
+    shutil.rmtree(folder, ignore_errors=True)
+    return "".join(lines)
+
+
 class JobResult:
-    def __init__(self, proc, launcher="smddprun", elapsed=0.0):
+    def __init__(self, proc, launcher="smddprun", elapsed=0.0, records=""):
         self.returncode = proc.returncode
         self.output = proc.stdout
         self.launcher = launcher
         self.elapsed = elapsed
         self.checks = {}  # (rank, name) -> (ok, detail)
         self.jobs = {}  # rank -> (job id, daemon pid, launch path) from 'SMDDP-JOB' lines
-        for line in self.output.splitlines():
+        # The workers' own record files where they wrote them: whole lines, whatever the
+        # launcher did to the output they also went to.
+        for line in (records or self.output).splitlines():
             if line.startswith("SMDDP-JOB "):
                 parts = line.split()
                 if len(parts) == 5:
@@ -187,6 +200,7 @@ def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(
     env = base_env(build)
     if extra_env:
         env.update(extra_env)
+    env["SMDDP_TEST_RECORDS"] = tempfile.mkdtemp(prefix="smddp-records-")
     if launcher == "smddprun":
         smddprun = os.path.join(build, "bin", "smddprun")
         if not os.access(smddprun, os.X_OK):
@@ -201,7 +215,7 @@ def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(
         env["MASTER_ADDR"] = "127.0.0.1"
         env["MASTER_PORT"] = str(free_port())
         forwarded = [a for name in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS", "SMDDP_DAEMON",
-                                    "MASTER_ADDR", "MASTER_PORT", *(extra_env or {}))
+                                    "MASTER_ADDR", "MASTER_PORT", "SMDDP_TEST_RECORDS", *(extra_env or {}))
                      for a in ("-x", name)]
         cmd = [mpirun, *MPIRUN_FLAGS, *mpirun_args, *forwarded, "-np", str(nproc), *_worker_cmd(worker, args)]
     elif launcher == "torchrun":
@@ -215,9 +229,12 @@ def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(
     else:
         raise ValueError(launcher)
     t0 = time.time()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, cwd=WORKERS)
-    return JobResult(proc, launcher, time.time() - t0)
+    try:
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout, cwd=WORKERS)
+    finally:
+        records = read_records(env["SMDDP_TEST_RECORDS"])
+    return JobResult(proc, launcher, time.time() - t0, records)
 
 
 def run_plain(worker, args=(), env_overrides=None, timeout=120):
@@ -226,6 +243,10 @@ def run_plain(worker, args=(), env_overrides=None, timeout=120):
     env = base_env(build)
     if env_overrides:
         env.update(env_overrides)
-    proc = subprocess.run(_worker_cmd(worker, args), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=WORKERS)
-    return JobResult(proc, "plain")
+    env["SMDDP_TEST_RECORDS"] = tempfile.mkdtemp(prefix="smddp-records-")
+    try:
+        proc = subprocess.run(_worker_cmd(worker, args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout, cwd=WORKERS)
+    finally:
+        records = read_records(env["SMDDP_TEST_RECORDS"])
+    return JobResult(proc, "plain", records=records)

@@ -8,6 +8,23 @@ import traceback
 import torch
 
 
+def emit(line):
+    """Writes one record line to stdout and, where the test gave SMDDP_TEST_RECORDS (a folder),
+    to this process's file in it. Stdout alone is not enough: a launcher that forwards output
+    (Open MPI's I/O forwarding reads ranks' stdout and the daemon's stderr separately) can cut a
+    line and put another process's text in the middle of it."""
+    data = (line + "\n").encode()
+    sys.stdout.flush()
+    os.write(1, data)
+    folder = os.environ.get("SMDDP_TEST_RECORDS")
+    if folder:
+        fd = os.open(os.path.join(folder, "records.%d" % os.getpid()), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+
 class Checker:
     def __init__(self, rank):
         self.rank = rank
@@ -18,10 +35,7 @@ class Checker:
         self.count += 1
         if not ok:
             self.failed += 1
-        line = "SMDDP-CHECK %d %s %s %s" % (self.rank, name, "OK" if ok else "FAIL", detail.replace("\n", " | "))
-        # One write() per line: ranks share the pipe, and a line split across writes interleaves.
-        sys.stdout.flush()
-        os.write(1, (line + "\n").encode())
+        emit("SMDDP-CHECK %d %s %s %s" % (self.rank, name, "OK" if ok else "FAIL", detail.replace("\n", " | ")))
 
     def run(self, name, fn, *args, **kwargs):
         """Runs fn; a returned string (or raised exception) is a failure."""
@@ -50,7 +64,7 @@ class Checker:
 
     def finish(self):
         sys.stdout.flush()
-        os.write(1, ("SMDDP-DONE rank %d checks %d failed %d\n" % (self.rank, self.count, self.failed)).encode())
+        emit("SMDDP-DONE rank %d checks %d failed %d" % (self.rank, self.count, self.failed))
         return 1 if self.failed else 0
 
 
@@ -77,8 +91,7 @@ def announce(rank):
     from smdistributed.dataparallel.torch import _launch, _smddp_c
     info = _smddp_c.client_info() or {}
     path = "2" if os.environ.get(_launch.ATTACH_MARKER) == "1" else "1"
-    sys.stdout.flush()
-    os.write(1, ("SMDDP-JOB %d %s %s %s\n" % (rank, info.get("job_id", "?"), info.get("daemon_pid", 0), path)).encode())
+    emit("SMDDP-JOB %d %s %s %s" % (rank, info.get("job_id", "?"), info.get("daemon_pid", 0), path))
 
 
 def init(backend="smddp"):
