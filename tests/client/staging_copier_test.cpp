@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "client/client.hpp"
@@ -142,6 +143,14 @@ class FakeCopier final : public StagingCopier {
   std::thread auto_;
 };
 
+// A fake copier over `in` and `out`, and call options that hand it to the client.
+std::pair<std::shared_ptr<FakeCopier>, CallOptions> copier_for(const void* in, void* out) {
+  auto copier = std::make_shared<FakeCopier>(in, out);
+  CallOptions co;
+  co.copier = copier;
+  return {copier, co};
+}
+
 std::vector<float> ramp(std::size_t n) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 9973) + 0.25f;
@@ -168,9 +177,7 @@ TEST(StagingCopier, ChunksArePostedOnlyOnceTheirCopiesInPassed) {
   const std::size_t n = 64 * 1024;  // 256 KiB of float32: 4 chunks of 64 KiB
   const auto in = ramp(n);
   std::vector<float> out(n, -1.0f);
-  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
-  CallOptions co;
-  co.copier = copier;
+  auto [copier, co] = copier_for(in.data(), out.data());
   auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
   ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
   std::this_thread::sleep_for(20ms);
@@ -201,10 +208,8 @@ TEST(StagingCopier, RegionsComeBackOnlyOnceTheirCopiesOutPassed) {
   const std::size_t n = (4u << 20) / 4;  // 4 MiB: four arenas' worth
   const auto in = ramp(n);
   std::vector<float> out(n, -1.0f);
-  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
+  auto [copier, co] = copier_for(in.data(), out.data());
   copier->start_auto(/*in=*/true, /*out=*/false);
-  CallOptions co;
-  co.copier = copier;
   auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
   const std::size_t fit = spec.arena_bytes / spec.chunk_bytes;
   ASSERT_TRUE(daemon.wait_for_requests(fit, 10s));
@@ -232,10 +237,8 @@ TEST(StagingCopier, EveryCollectiveRoundTripsThroughTheCopierInAWorldOfOne) {
   auto run = [&](const char* what, auto&& issue) {
     SCOPED_TRACE(what);
     std::vector<float> out(n, -1.0f);
-    auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
+    auto [copier, co] = copier_for(in.data(), out.data());
     copier->start_auto(true, true);
-    CallOptions co;
-    co.copier = copier;
     auto w = issue(out.data(), co);
     w->wait(30s);
     EXPECT_EQ(w->status(), Status::Ok);
@@ -270,9 +273,7 @@ TEST(StagingCopier, AFailedChunkDropsTheStagedRestAndFreesTheirRegions) {
   const std::size_t n = 64 * 1024;  // 4 chunks
   const auto in = ramp(n);
   std::vector<float> out(n, -1.0f);
-  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
-  CallOptions co;
-  co.copier = copier;
+  auto [copier, co] = copier_for(in.data(), out.data());
   auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
   ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
   copier->run(StagingCopier::Lane::In, 1);
@@ -306,9 +307,7 @@ TEST(StagingCopier, AFailedCopyFailsTheOpAndItsChunksNeverGo) {
   const std::size_t n = 64 * 1024;  // 4 chunks
   const auto in = ramp(n);
   std::vector<float> out(n, -1.0f);
-  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
-  CallOptions co;
-  co.copier = copier;
+  auto [copier, co] = copier_for(in.data(), out.data());
   auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
   ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
   copier->set_error("cudaMemcpyAsync: an illegal memory access was encountered");
@@ -333,9 +332,7 @@ TEST(StagingCopier, ACopyThatFaultsWhileItRunsFailsTheOpWithoutItsFenceEverPassi
   const std::size_t n = 64 * 1024;
   const auto in = ramp(n);
   std::vector<float> out(n, -1.0f);
-  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
-  CallOptions co;
-  co.copier = copier;
+  auto [copier, co] = copier_for(in.data(), out.data());
   co.timeout = std::chrono::minutes(10);
   auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
   ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
@@ -367,9 +364,7 @@ TEST(StagingCopier, LaterCollectivesWaitForAnEarlierOnesCopiesIn) {
   const std::size_t n = 1024;
   const auto in = ramp(n);
   std::vector<float> out(n, -1.0f), plain_out(n, -1.0f);
-  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
-  CallOptions co;
-  co.copier = copier;
+  auto [copier, co] = copier_for(in.data(), out.data());
   auto first = world->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
   auto second = world->allreduce(in.data(), plain_out.data(), n, DType::Float32, ReduceOp::Sum);
   std::this_thread::sleep_for(20ms);
@@ -392,12 +387,10 @@ TEST(StagingCopier, DetachWithCopiesStillQueuedFailsTheOpAndTheClientWaitsForThe
   const std::size_t n = 64 * 1024;
   const auto in = ramp(n);
   std::vector<float> out(n, -1.0f);
-  auto copier = std::make_shared<FakeCopier>(in.data(), out.data());
+  auto [copier, co] = copier_for(in.data(), out.data());
   smddp::client::WorkPtr w;
   {
     auto c = Client::attach(attach_options(job));
-    CallOptions co;
-    co.copier = copier;
     w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
     ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
     c->detach();
