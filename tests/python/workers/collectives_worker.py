@@ -394,7 +394,10 @@ def check_sequence_number():
     if b != a + 1:
         return "sequence number %d -> %d after one collective" % (a, b)
     nums = [None] * W
-    dist.all_gather_object(nums, b, group=gloo)
+    # Not through gloo: this is the job's last gloo op otherwise, and a gloo worker thread that
+    # drops its tensors (which hold Python objects) while the interpreter finalizes aborts the
+    # process ("terminate called without an active exception"; pytorch/pytorch PR 179291).
+    dist.all_gather_object(nums, b)
     if len(set(nums)) != 1:
         return "ranks disagree on the sequence number: %r" % nums
 
