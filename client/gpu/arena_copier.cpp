@@ -33,19 +33,8 @@ struct Driver {
   CUresult (*name)(CUresult, const char**) = nullptr;
 };
 const Driver& driver() {
-  static const Driver d = [] {
-    Driver x;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamQuery", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      x.query = reinterpret_cast<CUresult (*)(CUstream)>(fn);
-    if (cudaGetDriverEntryPointByVersion("cuGetErrorName", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      x.name = reinterpret_cast<CUresult (*)(CUresult, const char**)>(fn);
-    cudaGetLastError();
-    return x;
-  }();
+  static const Driver d{driver_entry<CUresult (*)(CUstream)>("cuStreamQuery"),
+                        driver_entry<CUresult (*)(CUresult, const char**)>("cuGetErrorName")};
   return d;
 }
 

@@ -15,6 +15,18 @@ inline void check(cudaError_t e, const std::string& what) {
   }
 }
 
+// A driver API function through the runtime's entry points (no libcuda link), or null where
+// the driver lacks it. `Fn` is its pointer type.
+template <class Fn>
+Fn driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  const bool ok = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+                  q == cudaDriverEntryPointSuccess;
+  cudaGetLastError();  // a missing entry point must not linger as the last error
+  return ok ? reinterpret_cast<Fn>(fn) : nullptr;
+}
+
 // Makes `dev` current for the scope and restores the caller's device (torch tracks its own).
 class DeviceScope {
  public:

@@ -25,22 +25,9 @@ struct StreamOps {
   StreamBatch batch = nullptr;  // several waits and writes in one call (null: one call each)
 };
 const StreamOps& stream_ops() {
-  static const StreamOps ops = [] {
-    StreamOps o;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      o.wait = reinterpret_cast<StreamValue>(fn);
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      o.write = reinterpret_cast<StreamValue>(fn);
-    if (cudaGetDriverEntryPointByVersion("cuStreamBatchMemOp", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      o.batch = reinterpret_cast<StreamBatch>(fn);
-    cudaGetLastError();
-    return o;
-  }();
+  static const StreamOps ops{driver_entry<StreamValue>("cuStreamWaitValue64"),
+                             driver_entry<StreamValue>("cuStreamWriteValue64"),
+                             driver_entry<StreamBatch>("cuStreamBatchMemOp")};
   return ops;
 }
 
