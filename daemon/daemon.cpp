@@ -389,7 +389,7 @@ void Daemon::resolve(std::vector<Match> matches) {
                }))
         // Their barriers would not pair up: a GPU would wait for ever, or race.
         err = "smddp " + std::string(ipc::to_string(op)) +
-              ": ranks run different GPU schedules (SMDDP_ONESHOT_MAX_BYTES, SMDDP_TWOSHOT and "
+              ": ranks run different GPU schedules (SMDDP_ONESHOT_MAX_BYTES, SMDDP_TWOSHOT, SMDDP_COPY_DIRECTION and "
               "SMDDP_TWOSHOT_PIECE_BYTES must be the same on every rank)";
       else
         err = send_plans(m);

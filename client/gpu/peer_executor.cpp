@@ -79,6 +79,7 @@ std::uint64_t PeerExecutor::schedule_key() {
     const char* oneshot = std::getenv("SMDDP_ONESHOT_MAX_BYTES");
     mix(std::string("oneshot=") + (oneshot && *oneshot ? oneshot : "default"));
     mix(std::string(";push=") + (twoshot_push() ? "1" : "0"));
+    mix(std::string(";copy_push=") + (copy_push() ? "1" : "0"));
     mix(";piece=" + std::to_string(twoshot_piece_bytes()));
     return h == 0 ? 1 : h;
   }();
@@ -96,15 +97,38 @@ std::uint64_t PeerExecutor::twoshot_piece_bytes() {
   return v;
 }
 
+namespace {
+// A setting that names one of two forms; anything else is an error, not a silent default
+// (the ranks' schedules must agree, and a typo would otherwise measure the wrong form).
+bool env_choice(const char* name, const char* yes, const char* no, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  if (std::string(v) == yes) return true;
+  if (std::string(v) == no) return false;
+  throw std::runtime_error(std::string(name) + "='" + v + "' is not valid: use " + yes + " or " + no);
+}
+}  // namespace
+
 bool PeerExecutor::twoshot_push() {
-  // Pull by default: on 2xH200 it measured 334/348 GB/s at 256 MiB/1 GiB against push's
-  // 326/333 (the kernel's remote stores do not beat the copy engines).
-  const char* v = std::getenv("SMDDP_TWOSHOT");
-  return v && std::string(v) == "push";
+  // The copy form by default: on 2xH200 it measured 334/348 GB/s at 256 MiB/1 GiB (as pulls)
+  // against the kernel form's 326/333 (the kernel's remote stores do not beat the copy engines).
+  static const bool v = env_choice("SMDDP_TWOSHOT", "kernel", "copy", false);
+  return v;
+}
+
+bool PeerExecutor::copy_push() {
+  // Push by default: a copy engine writing over NVLink beat one reading by 7-9% on 2xH200
+  // (rank_side_probe --forms, 1 GiB AllGather 384 against 351 GB/s busbw; two-shot AllReduce
+  // 64 MiB 306 against 292, one barrier fewer).
+  static const bool v = env_choice("SMDDP_COPY_DIRECTION", "push", "pull", true);
+  return v;
 }
 
 PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cudaStream_t stream)
     : client_(client), device_(device), stream_(stream) {
+  // The forms first: a bad setting fails here, at the group's first CUDA op, with its name.
+  (void)twoshot_push();
+  (void)copy_push();
   if (!stream_ops().wait || !stream_ops().write)
     throw std::runtime_error("the CUDA driver lacks stream memory operations (cuStreamWaitValue64), which the "
                              "rank-side GPU path needs; set SMDDP_GPU_EXEC=daemon");
@@ -758,6 +782,7 @@ void PeerExecutor::run(const Plan& p) {
   a.out.assign(static_cast<std::size_t>(n), nullptr);
   a.oneshot_max = oneshot_max_bytes(n);
   a.push = twoshot_push();
+  a.copy_push = copy_push();
   a.pipeline_bytes = twoshot_piece_bytes();
   dry_error_.clear();
   try {

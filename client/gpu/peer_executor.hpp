@@ -140,10 +140,13 @@ class PeerExecutor {
   // A digest of the settings above and below (never 0). The members of a collective must
   // share them, or their barriers do not pair up; the daemon compares the keys.
   static std::uint64_t schedule_key();
-  // Two-shot AllReduce: each rank's kernel writes its reduced chunk into every member's
-  // output ("push", one phase) or the others copy it with copy engines ("pull", two
-  // phases). SMDDP_TWOSHOT=push|pull; pull by default (measured faster).
+  // Two-shot AllReduce: each rank's kernel reduces its chunk, then copy engines hand it to
+  // the others ("copy", the default), or the kernel writes it into every member's output
+  // itself ("kernel", measured slower). SMDDP_TWOSHOT=copy|kernel.
   static bool twoshot_push();
+  // Copy engines write into the peers' buffers (push, the default) or read from them (pull):
+  // AllGather, AllToAll and the two-shot AllReduce's copies. SMDDP_COPY_DIRECTION=push|pull.
+  static bool copy_push();
 
  private:
   struct Plan {

@@ -125,6 +125,12 @@ std::optional<std::vector<Step>> schedule(const ScheduleArgs& a, std::string& wh
           for (int i = 0; i < n; ++i) outs.push_back(at(a.out[static_cast<std::size_t>(i)], first(me) * e));
           b.reduce(inputs_at(first(me) * e), outs, mine);
           b.barrier();
+        } else if (a.copy_push) {
+          // The others' kernels read only their own chunks of this rank's buffer, so chunk
+          // `me` may land in their outputs (in place: their inputs) without a barrier first.
+          b.reduce(inputs_at(first(me) * e), {at(my_out, first(me) * e)}, mine);
+          for (int i = 0; i < n; ++i)
+            if (i != me) b.copy(at(a.out[static_cast<std::size_t>(i)], first(me) * e), at(my_out, first(me) * e), mine * e);
         } else {
           b.reduce(inputs_at(first(me) * e), {at(my_out, first(me) * e)}, mine);
           b.barrier();
@@ -148,16 +154,19 @@ std::optional<std::vector<Step>> schedule(const ScheduleArgs& a, std::string& wh
       break;
     case OpType::AllGather:
     case OpType::AllToAll: {
-      // Block i of the output comes from rank i (AllGather: its input; AllToAll: its block
-      // for this rank). This rank's own block moves beside the others (another copy engine).
+      // Block i of every output comes from rank i (AllGather: its input; AllToAll: its block
+      // for that rank). This rank's own block moves beside the others (another copy engine).
       const bool gather = a.op == OpType::AllGather;
       b.barrier();
       b.copy(at(my_out, block(me)), gather ? my_in : at(my_in, block(me)), a.count * e, Kind::CopyBeside);
-      for (int i = 0; i < n; ++i)
-        if (i != me)
-          b.copy(at(my_out, block(i)),
-                 gather ? a.in[static_cast<std::size_t>(i)] : at(a.in[static_cast<std::size_t>(i)], block(me)),
-                 a.count * e);
+      for (int i = 0; i < n; ++i) {
+        if (i == me) continue;
+        const auto u = static_cast<std::size_t>(i);
+        if (a.copy_push)
+          b.copy(at(a.out[u], block(me)), gather ? my_in : at(my_in, block(i)), a.count * e);
+        else
+          b.copy(at(my_out, block(i)), gather ? a.in[u] : at(a.in[u], block(me)), a.count * e);
+      }
       b.join();
       b.barrier();
       break;

@@ -5,10 +5,13 @@
 // process holds an idle context on every GPU (as the daemon would).
 //
 //   nvcc -O2 -arch=sm_90 -o rank_side_probe scripts/diag/rank_side_probe.cu -lcuda
-//   ./rank_side_probe [--idle-daemon]
+//   ./rank_side_probe [--idle-daemon | --forms]
 //
 // Prints per-iteration times for: the two-GPU barrier alone, one-shot AllReduce, two-shot
 // AllReduce (kernel, then copy-engine pull) and copy-engine AllGather, 8 B to 1 GiB.
+// --forms compares, at 64 MiB to 1 GiB, the ways bytes can cross NVLink: copy-engine pulls
+// (reads of the peer) against pushes (writes into the peer), on one stream or split over
+// several, and AllReduce two-shot forms built from them.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <sys/mman.h>
@@ -53,6 +56,27 @@ __global__ void reduce2(const float4* a, const float4* b, float4* o, size_t n4) 
     o[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
   }
 }
+// U packs per thread per round, every load issued before the first add: more reads in flight
+// per thread, for reads of a peer's memory (NVLink latency is microseconds).
+template <int U>
+__global__ void reduce2u(const float4* a, const float4* b, float4* o, size_t n4) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + (U - 1) * stride < n4; i += U * stride) {
+    float4 x[U], y[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) x[u] = a[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < U; ++u) y[u] = b[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      o[i + u * stride] = make_float4(x[u].x + y[u].x, x[u].y + y[u].y, x[u].z + y[u].z, x[u].w + y[u].w);
+  }
+  for (; i < n4; i += stride) {
+    float4 x = a[i], y = b[i];
+    o[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+  }
+}
 __global__ void reduce2_tail(const float* a, const float* b, float* o, size_t n) {
   size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i < n) o[i] = a[i] + b[i];
@@ -67,7 +91,200 @@ static void host_barrier(Shared* sh) {
   }
 }
 
-static int child(int me, Shared* sh) {
+
+// --forms: every variant starts and ends with a barrier, as the real path's ops do. The
+// rank's own AllGather block goes on a side stream, as in the real path.
+template <class Barrier, class TimeLoop, class Reduce>
+static void run_forms(int me, float* in, float* out, float* pin, float* pout, unsigned long long* flags,
+                      unsigned long long* pflags, cudaStream_t s, unsigned long long& seq, Barrier& barrier,
+                      TimeLoop& time_loop, Reduce& launch_reduce) {
+  const int peer = 1 - me;
+  constexpr int kSide = 4;
+  cudaStream_t side[kSide];
+  cudaEvent_t fork, join[kSide];
+  for (int i = 0; i < kSide; ++i) {
+    CK(cudaStreamCreateWithFlags(&side[i], cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming));
+  }
+  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  // Scratch for the push-reduce-push AllReduce: the peer pushes its input's half for me here.
+  float* scratch = nullptr;
+  CK(cudaMalloc(&scratch, kMax / 2));
+  CK(cudaMemset(scratch, 0, kMax / 2));
+  cudaIpcMemHandle_t h;
+  CK(cudaIpcGetMemHandle(&h, scratch));
+  // The peer's scratch handle travels through a file named by rank (the Shared block has no slot).
+  char path[64];
+  std::snprintf(path, sizeof path, "/tmp/rank_side_probe.%d.%d", static_cast<int>(getppid()), me);
+  FILE* f = std::fopen(path, "wb");
+  std::fwrite(&h, sizeof h, 1, f);
+  std::fclose(f);
+  char ppath[64];
+  std::snprintf(ppath, sizeof ppath, "/tmp/rank_side_probe.%d.%d", static_cast<int>(getppid()), peer);
+  cudaIpcMemHandle_t ph{};
+  for (;;) {
+    FILE* g = std::fopen(ppath, "rb");
+    if (g && std::fread(&ph, sizeof ph, 1, g) == 1) {
+      std::fclose(g);
+      break;
+    }
+    if (g) std::fclose(g);
+    usleep(1000);
+  }
+  void* pscratch_v = nullptr;
+  CK(cudaIpcOpenMemHandle(&pscratch_v, ph, cudaIpcMemLazyEnablePeerAccess));
+  auto* pscratch = static_cast<float*>(pscratch_v);
+  // Piece flags: word 1 of each flag block counts the pieces the peer has pushed.
+  auto own_piece = reinterpret_cast<CUdeviceptr>(flags + 1);
+  auto peer_piece = reinterpret_cast<CUdeviceptr>(pflags + 1);
+  unsigned long long pieces_done = 0;
+
+  // Copies `bytes` from src to dst split evenly over k streams (k == 1: on s itself).
+  auto split_copy = [&](void* dst, const void* src, size_t bytes, int k) {
+    if (k == 1) {
+      CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+      return;
+    }
+    CK(cudaEventRecord(fork, s));
+    size_t per = (bytes / k + 255) & ~size_t(255);
+    for (int i = 0; i < k; ++i) {
+      size_t off = per * i;
+      if (off >= bytes) break;
+      size_t len = std::min(per, bytes - off);
+      CK(cudaStreamWaitEvent(side[i], fork, 0));
+      CK(cudaMemcpyAsync(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, len,
+                         cudaMemcpyDeviceToDevice, side[i]));
+      CK(cudaEventRecord(join[i], side[i]));
+      CK(cudaStreamWaitEvent(s, join[i], 0));
+    }
+  };
+  auto own_block = [&](size_t half) {  // the rank's own AllGather block, beside the peer copy
+    CK(cudaEventRecord(fork, s));
+    CK(cudaStreamWaitEvent(side[kSide - 1], fork, 0));
+    CK(cudaMemcpyAsync(reinterpret_cast<char*>(out) + me * half, in, half, cudaMemcpyDeviceToDevice, side[kSide - 1]));
+    CK(cudaEventRecord(join[kSide - 1], side[kSide - 1]));
+  };
+  auto own_join = [&] { CK(cudaStreamWaitEvent(s, join[kSide - 1], 0)); };
+
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, me));
+  // The reduce-scatter half of a two-shot AllReduce alone (the kernel reads the peer's half
+  // over NVLink): how the kernel's shape moves it.
+  for (size_t bytes : {size_t(64) << 20, size_t(256) << 20}) {
+    const size_t n = bytes / 4, nh = n / 2, off = me * nh, len = me ? n - nh : nh;
+    const size_t n4 = len / 4;
+    const float4* a4 = reinterpret_cast<const float4*>(in + off);
+    const float4* b4 = reinterpret_cast<const float4*>(pin + off);
+    float4* o4 = reinterpret_cast<float4*>(out + off);
+    for (int mult : {1, 2, 4, 8}) {
+      for (int u : {1, 2, 4}) {
+        char name[40];
+        std::snprintf(name, sizeof name, "rs read b%dx u%d", mult, u);
+        const int blocks = sms * mult;
+        time_loop(name, bytes, bytes <= (size_t(64) << 20) ? 60 : 25, [&] {
+          barrier();
+          if (u == 1) reduce2u<1><<<blocks, 512, 0, s>>>(a4, b4, o4, n4);
+          if (u == 2) reduce2u<2><<<blocks, 512, 0, s>>>(a4, b4, o4, n4);
+          if (u == 4) reduce2u<4><<<blocks, 512, 0, s>>>(a4, b4, o4, n4);
+          CK(cudaGetLastError());
+          barrier();
+        });
+      }
+    }
+  }
+  for (size_t bytes = size_t(64) << 20; bytes <= kMax; bytes *= 4) {
+    const int iters = bytes <= (size_t(64) << 20) ? 60 : bytes <= (size_t(256) << 20) ? 25 : 10;
+    const size_t half = bytes / 2;
+    if (me == 0) std::printf("-- %zu MiB (AllGather busbw = algbw / 2, AllReduce busbw = algbw)\n", bytes >> 20);
+    for (int k : {1, 2, 3}) {
+      char name[40];
+      std::snprintf(name, sizeof name, "ag pull x%d", k);
+      time_loop(name, bytes, iters, [&] {
+        barrier();
+        own_block(half);
+        split_copy(reinterpret_cast<char*>(out) + peer * half, pin, half, k);
+        own_join();
+        barrier();
+      });
+      std::snprintf(name, sizeof name, "ag push x%d", k);
+      time_loop(name, bytes, iters, [&] {
+        barrier();
+        own_block(half);
+        split_copy(reinterpret_cast<char*>(pout) + me * half, in, half, k);
+        own_join();
+        barrier();
+      });
+    }
+    const size_t n = bytes / 4, nh = n / 2;
+    const size_t off = me * nh, len = me ? n - nh : nh, poff = peer * nh, plen = peer ? n - nh : nh;
+    time_loop("ar read+pull", bytes, iters, [&] {
+      barrier();
+      launch_reduce(in + off, pin + off, out + off, len);
+      barrier();
+      CK(cudaMemcpyAsync(out + poff, pout + poff, plen * 4, cudaMemcpyDeviceToDevice, s));
+      barrier();
+    });
+    for (int k : {1, 2}) {
+      char name[40];
+      std::snprintf(name, sizeof name, "ar read+push x%d", k);
+      time_loop(name, bytes, iters, [&] {
+        barrier();
+        launch_reduce(in + off, pin + off, out + off, len);
+        split_copy(pout + off, out + off, len * 4, k);
+        barrier();
+      });
+    }
+    time_loop("ar push+local+push", bytes, iters, [&] {
+      barrier();
+      CK(cudaMemcpyAsync(pscratch, in + poff, plen * 4, cudaMemcpyDeviceToDevice, s));
+      barrier();
+      launch_reduce(in + off, scratch, out + off, len);
+      CK(cudaMemcpyAsync(pout + off, out + off, len * 4, cudaMemcpyDeviceToDevice, s));
+      barrier();
+    });
+    for (int pieces : {4, 8, 16}) {
+      char name[40];
+      std::snprintf(name, sizeof name, "ar pipelined p%d", pieces);
+      // side[0] pushes my input's part for the peer piece by piece into its scratch and
+      // counts them in its piece flag; s reduces each piece once the peer's arrived and
+      // pushes the result straight into the peer's output.
+      time_loop(name, bytes, iters, [&] {
+        barrier();
+        CK(cudaEventRecord(fork, s));
+        CK(cudaStreamWaitEvent(side[0], fork, 0));
+        const size_t pin_len = (plen + pieces - 1) / pieces, my_len = (len + pieces - 1) / pieces;
+        for (int p = 0; p < pieces; ++p) {
+          size_t o = pin_len * p;
+          if (o < plen) {
+            CK(cudaMemcpyAsync(pscratch + o, in + poff + o, std::min(pin_len, plen - o) * 4,
+                               cudaMemcpyDeviceToDevice, side[0]));
+          }
+          CU(cuStreamWriteValue64(reinterpret_cast<CUstream>(side[0]), peer_piece, pieces_done + p + 1,
+                                  CU_STREAM_WRITE_VALUE_DEFAULT));
+        }
+        CK(cudaEventRecord(join[0], side[0]));
+        for (int p = 0; p < pieces; ++p) {
+          CU(cuStreamWaitValue64(reinterpret_cast<CUstream>(s), own_piece, pieces_done + p + 1,
+                                 CU_STREAM_WAIT_VALUE_GEQ));
+          size_t o = my_len * p;
+          if (o >= len) continue;
+          size_t l = std::min(my_len, len - o);
+          launch_reduce(in + off + o, scratch + o, out + off + o, l);
+          CK(cudaMemcpyAsync(pout + off + o, out + off + o, l * 4, cudaMemcpyDeviceToDevice, s));
+        }
+        pieces_done += pieces;
+        CK(cudaStreamWaitEvent(s, join[0], 0));
+        barrier();
+      });
+    }
+  }
+  (void)seq;
+  CK(cudaIpcCloseMemHandle(pscratch_v));
+  CK(cudaFree(scratch));
+  std::remove(path);
+}
+
+static int child(int me, Shared* sh, bool forms) {
   const int peer = 1 - me;
   CK(cudaSetDevice(me));
   float *in, *out;
@@ -127,6 +344,12 @@ static int child(int me, Shared* sh) {
     if (n % 4) reduce2_tail<<<1, 4, 0, s>>>(a + n4 * 4, b + n4 * 4, o + n4 * 4, n % 4);
   };
   time_loop("barrier", 0, 2000, [&] { barrier(); });
+  if (forms) {
+    run_forms(me, in, out, static_cast<float*>(pin), static_cast<float*>(pout), flags,
+              static_cast<unsigned long long*>(pflags), s, seq, barrier, time_loop, launch_reduce);
+    host_barrier(sh);
+    return 0;
+  }
   for (size_t bytes = 8; bytes <= kMax; bytes *= 4) {
     size_t n = bytes / 4;
     int iters = bytes <= (1 << 20) ? 1000 : bytes <= (64 << 20) ? 100 : 20;
@@ -160,6 +383,7 @@ static int child(int me, Shared* sh) {
 
 int main(int argc, char** argv) {
   bool idle_daemon = argc > 1 && std::strcmp(argv[1], "--idle-daemon") == 0;
+  bool forms = argc > 1 && std::strcmp(argv[1], "--forms") == 0;
   auto* sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   new (sh) Shared{};
   pid_t idle = -1;
@@ -179,7 +403,7 @@ int main(int argc, char** argv) {
   pid_t kids[2];
   for (int r = 0; r < 2; ++r) {
     kids[r] = fork();
-    if (kids[r] == 0) return child(r, sh);
+    if (kids[r] == 0) return child(r, sh, forms);
   }
   int rc = 0;
   for (pid_t k : kids) {

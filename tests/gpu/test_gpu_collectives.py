@@ -25,6 +25,18 @@ def test_gpu_expandable_segments():
     res.assert_ok(min_checks=n * 200)
 
 
+@pytest.mark.parametrize("form", [{"SMDDP_COPY_DIRECTION": "pull"}, {"SMDDP_TWOSHOT": "kernel"}],
+                         ids=["copy-pull", "twoshot-kernel"])
+def test_gpu_other_forms(form):
+    # The forms that are not the default (copy engines reading the peers; the two-shot
+    # AllReduce's kernel writing every output) stay correct: 1 Mi + 3 elements and 3 Mi + 11
+    # take the plan path (two-shot AllReduce, copy-engine AllGather and AllToAll).
+    n = gpu_ranks()
+    res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579,3145739"], timeout=600,
+                  extra_env=form)
+    res.assert_ok(min_checks=n * 300)
+
+
 @pytest.mark.parametrize("other", [16, 1 << 21])
 def test_gpu_fast_path_disagreement(other):
     # Rank 0 takes the fast path, rank 1 another fast size or the plan path: errors, no hang.

@@ -1,12 +1,14 @@
 // The GPU path's schedules (client/gpu/schedule.hpp) run on host memory: n simulated ranks in
 // one process, each with a main and a side stream, ordered only as the GPUs order them
 // (stream order, fork and join, and the flags of barriers and signals). For every collective,
-// group size 1-8, dtype width, in-place form, one-shot and two-shot (pull, pipelined pull and
-// push), it checks:
+// group size 1-8, dtype width, in-place form, one-shot and two-shot (copy-engine pull or push,
+// pipelined pull, kernel push), and copy-engine pulls and pushes of the gathers, it checks:
 //   - every member signals and waits the same number of times (or a GPU would wait forever),
 //     and nothing deadlocks;
 //   - no two actors (a rank's streams) touch the same bytes unordered while one of them
 //     writes (a race on the GPUs), by vector clocks over the happens-before order;
+//   - another rank touches a rank's buffers only while that rank's op runs (after its first
+//     step, before its last);
 //   - the results equal a reference computed independently.
 #include <gtest/gtest.h>
 
@@ -62,11 +64,12 @@ struct Case {
   std::uint64_t oneshot_max = 1 << 20;
   bool push = false;
   std::uint64_t pipeline_bytes = 0;
+  bool copy_push = false;
   std::string name() const {
     return std::string(ipc::to_string(op)) + " " + std::string(ipc::to_string(dtype)) + " count " +
            std::to_string(count) + " n " + std::to_string(n) + " root " + std::to_string(root) +
            (in_place ? " in-place" : "") + " oneshot_max " + std::to_string(oneshot_max) + (push ? " push" : "") +
-           " pipeline_bytes " + std::to_string(pipeline_bytes);
+           " pipeline_bytes " + std::to_string(pipeline_bytes) + (copy_push ? " copy_push" : "");
   }
 };
 
@@ -140,6 +143,7 @@ class Sim {
       a.oneshot_max = c_.oneshot_max;
       a.push = c_.push;
       a.pipeline_bytes = c_.pipeline_bytes;
+      a.copy_push = c_.copy_push;
       scratch_[r].resize(needs_scratch(a));
       a.scratch = scratch_[r].empty() ? nullptr : scratch_[r].data();
       std::string why;
@@ -301,6 +305,33 @@ class Sim {
             << "race: rank " << nodes[a.node].rank << (nodes[a.node].actor % 2 ? " (side)" : "") << " and rank "
             << nodes[b.node].rank << (nodes[b.node].actor % 2 ? " (side)" : "") << " touch the same bytes unordered";
       }
+    // A rank's buffers are the op's only between its first and its last main-stream step:
+    // before, its stream may still use them (earlier work); after, the caller owns them again.
+    // So another rank may read or write them (a pull or a push) only inside that window.
+    for (std::size_t r = 0; r < n_; ++r) {
+      std::optional<std::size_t> first_main, last_main;
+      for (std::size_t i = 0; i < nodes.size(); ++i)
+        if (nodes[i].actor == r * 2) {
+          if (!first_main) first_main = i;
+          last_main = i;
+        }
+      if (!first_main) continue;
+      const std::size_t mine = r * 2;
+      std::vector<Range> owned;
+      for (const auto* v : {&in_[r], &out_[r], &scratch_[r]})
+        if (!v->empty()) owned.push_back({v->data(), v->data() + v->size()});
+      for (const Access& a : accesses) {
+        const Node& nd = nodes[a.node];
+        if (nd.rank == r || std::none_of(owned.begin(), owned.end(), [&](const Range& o) { return o.overlaps(a.range); }))
+          continue;
+        ASSERT_GE(vc[a.node][mine], vc[*first_main][mine])
+            << "rank " << nd.rank << (a.write ? " writes" : " reads") << " rank " << r
+            << "'s buffer before rank " << r << "'s op began";
+        ASSERT_LE(vc[a.node][nd.actor], vc[*last_main][nd.actor])
+            << "rank " << nd.rank << (a.write ? " writes" : " reads") << " rank " << r
+            << "'s buffer when rank " << r << "'s op may be done";
+      }
+    }
   }
 
   void execute(const Step& s) {
@@ -389,10 +420,30 @@ TEST(GpuSchedule, AllReduceOneShotAndTwoShotPullAndPushInAndOutOfPlace) {
       for (auto count : kCounts)
         for (bool in_place : {false, true})
           for (std::uint64_t oneshot_max : {std::uint64_t{1} << 20, std::uint64_t{0}})  // one-shot, two-shot
-            for (bool push : {false, true}) {
-              if (oneshot_max && push) continue;
-              check({OpType::AllReduce, t, count, n, 0, in_place, oneshot_max, push});
-            }
+            for (bool push : {false, true})
+              for (bool copy_push : {false, true}) {
+                if (oneshot_max && (push || copy_push)) continue;
+                check({OpType::AllReduce, t, count, n, 0, in_place, oneshot_max, push, 0, copy_push});
+              }
+}
+
+TEST(GpuSchedule, TwoShotCopyPushHasNoBarrierBetweenItsPhases) {
+  // What the push form buys besides the faster direction: one barrier fewer than the pull.
+  for (bool copy_push : {false, true}) {
+    std::vector<std::byte> a(64), b(64), c(64), d(64);
+    ScheduleArgs x;
+    x.op = OpType::AllReduce;
+    x.dtype = DType::Int32;
+    x.count = 16;
+    x.in = {a.data(), b.data()};
+    x.out = {c.data(), d.data()};
+    x.copy_push = copy_push;
+    std::string why;
+    auto s = schedule(x, why);
+    ASSERT_TRUE(s) << why;
+    EXPECT_EQ(std::count_if(s->begin(), s->end(), [](const Step& st) { return st.kind == Kind::Barrier; }),
+              copy_push ? 2 : 3);
+  }
 }
 
 TEST(GpuSchedule, TwoShotChunksCoverEveryElementWhenTheyDoNotDivideEvenly) {
@@ -409,7 +460,8 @@ TEST(GpuSchedule, TwoShotPullPipelinedInPieces) {
       for (std::uint64_t count : {7, 64, 1001, 4099})
         for (std::uint64_t piece : {16, 64, 1024})
           for (bool in_place : {false, true})
-            check({OpType::AllReduce, t, count, n, 0, in_place, 0, false, piece});
+            for (bool copy_push : {false, true})  // pieces keep the pull form either way
+              check({OpType::AllReduce, t, count, n, 0, in_place, 0, false, piece, copy_push});
 }
 
 TEST(GpuSchedule, ReduceScatterAndReduceToEveryRoot) {
@@ -421,13 +473,15 @@ TEST(GpuSchedule, ReduceScatterAndReduceToEveryRoot) {
       }
 }
 
-TEST(GpuSchedule, AllGatherInAndOutOfPlaceAndAllToAll) {
+TEST(GpuSchedule, AllGatherInAndOutOfPlaceAndAllToAllPulledAndPushed) {
   for (int n = 1; n <= 8; ++n)
     for (auto t : kTypes)
       for (auto count : kCounts) {
-        check({OpType::AllGather, t, count, n});
-        check({OpType::AllGather, t, count, n, 0, true});
-        check({OpType::AllToAll, t, count, n});
+        for (bool copy_push : {false, true}) {
+          check({OpType::AllGather, t, count, n, 0, false, 1 << 20, false, 0, copy_push});
+          check({OpType::AllGather, t, count, n, 0, true, 1 << 20, false, 0, copy_push});
+          check({OpType::AllToAll, t, count, n, 0, false, 1 << 20, false, 0, copy_push});
+        }
       }
 }
 
@@ -448,7 +502,8 @@ TEST(GpuSchedule, SendRecvThePeerPulls) {
 TEST(GpuSchedule, BarriersDependOnlyOnWhatEveryMemberKnows) {
   // A rank in place and a rank out of place still pass the same barriers (the count is
   // what every member shares), in each AllReduce form.
-  for (std::uint64_t oneshot_max : {std::uint64_t{1} << 20, std::uint64_t{0}}) {
+  for (std::uint64_t oneshot_max : {std::uint64_t{1} << 20, std::uint64_t{0}})
+  for (bool copy_push : {false, true}) {
     std::vector<std::byte> a(64), b(64), c(64);
     ScheduleArgs x;
     x.op = OpType::AllReduce;
@@ -457,6 +512,7 @@ TEST(GpuSchedule, BarriersDependOnlyOnWhatEveryMemberKnows) {
     x.in = {a.data(), b.data()};
     x.out = {a.data(), c.data()};  // rank 0 in place, rank 1 not
     x.oneshot_max = oneshot_max;
+    x.copy_push = copy_push;
     std::vector<std::byte> scratch(64);
     x.scratch = scratch.data();
     std::size_t barriers[2] = {0, 0};
