@@ -168,6 +168,11 @@ def bench(opts):
 
     def timed(fn, nbytes, group):
         # The synchronize calls are no-ops for CPU tensors, whose collectives return when done.
+        # Untimed first: the first use of new tensors opens their buffers in the peers (tens of
+        # ms), which would also inflate the estimate below and so leave too few iterations.
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(3):
             fn()
@@ -211,8 +216,6 @@ def bench(opts):
             row = {"size": size}
             for name, group, device in columns(op):
                 fn, nbytes, factor = make(op, size, group, device)
-                if size == sizes[0]:
-                    timed(fn, nbytes, group)  # the first use opens buffers and registers memory: not timed
                 dt = timed(fn, nbytes, group)
                 row[name] = {"latency_us": dt * 1e6, "algbw_gbps": nbytes / dt / 1e9, "busbw_gbps": nbytes / dt / 1e9 * factor}
                 del fn

@@ -107,6 +107,8 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
     CK(cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming));
   }
   CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  cudaEvent_t piece_done[16];
+  for (auto& e : piece_done) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   // Scratch for the push-reduce-push AllReduce: the peer pushes its input's half for me here.
   float* scratch = nullptr;
   CK(cudaMalloc(&scratch, kMax / 2));
@@ -231,6 +233,68 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
         barrier();
         launch_reduce(in + off, pin + off, out + off, len);
         split_copy(pout + off, out + off, len * 4, k);
+        barrier();
+      });
+    }
+    // The push of piece j (this GPU's link out) beside the reduction of piece j+1 (its reads
+    // come in): no flags, only this rank's own events between its streams.
+    for (int pieces : {2, 4, 8, 16}) {
+      char name[40];
+      std::snprintf(name, sizeof name, "ar read+push p%d", pieces);
+      time_loop(name, bytes, iters, [&] {
+        barrier();
+        const size_t per = ((len + pieces - 1) / pieces + 3) / 4 * 4;
+        for (int p = 0; p < pieces; ++p) {
+          const size_t o = per * p;
+          if (o >= len) break;
+          const size_t l = std::min(per, len - o);
+          launch_reduce(in + off + o, pin + off + o, out + off + o, l);
+          CK(cudaEventRecord(piece_done[p], s));
+          CK(cudaStreamWaitEvent(side[0], piece_done[p], 0));
+          CK(cudaMemcpyAsync(pout + off + o, out + off + o, l * 4, cudaMemcpyDeviceToDevice, side[0]));
+        }
+        CK(cudaEventRecord(join[0], side[0]));
+        CK(cudaStreamWaitEvent(s, join[0], 0));
+        barrier();
+      });
+    }
+    // Both phases as copy-engine pushes, three streams: side[0] pushes my input's part for
+    // the peer into its scratch piece by piece (counted in its piece flag), s reduces each
+    // piece once the peer's arrived (local reads only), side[1] pushes each reduced piece
+    // into the peer's output.
+    for (int pieces : {2, 4, 8}) {
+      char name[40];
+      std::snprintf(name, sizeof name, "ar 3-stream push p%d", pieces);
+      time_loop(name, bytes, iters, [&] {
+        barrier();
+        CK(cudaEventRecord(fork, s));
+        CK(cudaStreamWaitEvent(side[0], fork, 0));
+        const size_t pin_len = ((plen + pieces - 1) / pieces + 3) / 4 * 4;
+        const size_t my_len = ((len + pieces - 1) / pieces + 3) / 4 * 4;
+        for (int p = 0; p < pieces; ++p) {
+          const size_t o = pin_len * p;
+          if (o < plen)
+            CK(cudaMemcpyAsync(pscratch + o, in + poff + o, std::min(pin_len, plen - o) * 4, cudaMemcpyDeviceToDevice,
+                               side[0]));
+          CU(cuStreamWriteValue64(reinterpret_cast<CUstream>(side[0]), peer_piece, pieces_done + p + 1,
+                                  CU_STREAM_WRITE_VALUE_DEFAULT));
+        }
+        CK(cudaEventRecord(join[0], side[0]));
+        for (int p = 0; p < pieces; ++p) {
+          CU(cuStreamWaitValue64(reinterpret_cast<CUstream>(s), own_piece, pieces_done + p + 1,
+                                 CU_STREAM_WAIT_VALUE_GEQ));
+          const size_t o = my_len * p;
+          if (o >= len) continue;
+          const size_t l = std::min(my_len, len - o);
+          launch_reduce(in + off + o, scratch + o, out + off + o, l);
+          CK(cudaEventRecord(piece_done[p], s));
+          CK(cudaStreamWaitEvent(side[1], piece_done[p], 0));
+          CK(cudaMemcpyAsync(pout + off + o, out + off + o, l * 4, cudaMemcpyDeviceToDevice, side[1]));
+        }
+        pieces_done += pieces;
+        CK(cudaEventRecord(join[1], side[1]));
+        CK(cudaStreamWaitEvent(s, join[0], 0));
+        CK(cudaStreamWaitEvent(s, join[1], 0));
         barrier();
       });
     }
