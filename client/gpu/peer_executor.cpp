@@ -7,7 +7,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <stdexcept>
+#include <string>
 
 #include "client/gpu/cuda_util.hpp"
 #include "client/gpu/schedule.hpp"
@@ -78,7 +80,7 @@ std::uint64_t PeerExecutor::schedule_key() {
     };
     const char* oneshot = std::getenv("SMDDP_ONESHOT_MAX_BYTES");
     mix(std::string("oneshot=") + (oneshot && *oneshot ? oneshot : "default"));
-    mix(std::string(";push=") + (twoshot_push() ? "1" : "0"));
+    mix(";twoshot=" + std::to_string(static_cast<int>(twoshot_form())));
     mix(std::string(";copy_push=") + (copy_push() ? "1" : "0"));
     mix(";piece=" + std::to_string(twoshot_piece_bytes()));
     return h == 0 ? 1 : h;
@@ -98,36 +100,42 @@ std::uint64_t PeerExecutor::twoshot_piece_bytes() {
 }
 
 namespace {
-// A setting that names one of two forms; anything else is an error, not a silent default
-// (the ranks' schedules must agree, and a typo would otherwise measure the wrong form).
-bool env_choice(const char* name, const char* yes, const char* no, bool fallback) {
+// The index of the form a setting names (unset or empty: the first); anything else is an
+// error, not a silent default (the ranks' schedules must agree, and a typo would otherwise
+// run or measure the wrong form).
+std::size_t env_form(const char* name, std::initializer_list<const char*> forms) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  if (std::string(v) == yes) return true;
-  if (std::string(v) == no) return false;
-  throw std::runtime_error(std::string(name) + "='" + v + "' is not valid: use " + yes + " or " + no);
+  if (!v || !*v) return 0;
+  std::string names;
+  std::size_t i = 0;
+  for (const char* f : forms) {
+    if (std::string(v) == f) return i;
+    names += (i == 0 ? "" : i + 1 == forms.size() ? " or " : ", ") + std::string(f);
+    ++i;
+  }
+  throw std::runtime_error(std::string(name) + "='" + v + "' is not valid: use " + names);
 }
 }  // namespace
 
-bool PeerExecutor::twoshot_push() {
-  // The copy form by default: on 2xH200 it measured 334/348 GB/s at 256 MiB/1 GiB (as pulls)
-  // against the kernel form's 326/333 (the kernel's remote stores do not beat the copy engines).
-  static const bool v = env_choice("SMDDP_TWOSHOT", "kernel", "copy", false);
+PeerExecutor::TwoShot PeerExecutor::twoshot_form() {
+  // Push by default: 3-5% faster than pull on 2xH200 (64 MiB 306 against 291 GB/s busbw, 1 GiB
+  // 357 against 348), with one barrier fewer. The kernel form measured 326/333 at 256 MiB/1 GiB
+  // against pull's 334/348.
+  static const TwoShot v = static_cast<TwoShot>(env_form("SMDDP_TWOSHOT", {"push", "pull", "kernel"}));
   return v;
 }
 
 bool PeerExecutor::copy_push() {
   // Push by default: a copy engine writing over NVLink beat one reading by 7-9% on 2xH200
-  // (rank_side_probe --forms, 1 GiB AllGather 384 against 351 GB/s busbw; two-shot AllReduce
-  // 64 MiB 306 against 292, one barrier fewer).
-  static const bool v = env_choice("SMDDP_COPY_DIRECTION", "push", "pull", true);
+  // (rank_side_probe --forms and the benchmark: 1 GiB AllGather 384 against 351 GB/s busbw).
+  static const bool v = env_form("SMDDP_COPY_DIRECTION", {"push", "pull"}) == 0;
   return v;
 }
 
 PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cudaStream_t stream)
     : client_(client), device_(device), stream_(stream) {
   // The forms first: a bad setting fails here, at the group's first CUDA op, with its name.
-  (void)twoshot_push();
+  (void)twoshot_form();
   (void)copy_push();
   if (!stream_ops().wait || !stream_ops().write)
     throw std::runtime_error("the CUDA driver lacks stream memory operations (cuStreamWaitValue64), which the "
@@ -781,7 +789,8 @@ void PeerExecutor::run(const Plan& p) {
   a.in.assign(static_cast<std::size_t>(n), nullptr);
   a.out.assign(static_cast<std::size_t>(n), nullptr);
   a.oneshot_max = oneshot_max_bytes(n);
-  a.push = twoshot_push();
+  a.push = twoshot_form() == TwoShot::Kernel;
+  a.twoshot_copy_push = twoshot_form() == TwoShot::Push;
   a.copy_push = copy_push();
   a.pipeline_bytes = twoshot_piece_bytes();
   dry_error_.clear();

@@ -140,12 +140,14 @@ class PeerExecutor {
   // A digest of the settings above and below (never 0). The members of a collective must
   // share them, or their barriers do not pair up; the daemon compares the keys.
   static std::uint64_t schedule_key();
-  // Two-shot AllReduce: each rank's kernel reduces its chunk, then copy engines hand it to
-  // the others ("copy", the default), or the kernel writes it into every member's output
-  // itself ("kernel", measured slower). SMDDP_TWOSHOT=copy|kernel.
-  static bool twoshot_push();
-  // Copy engines write into the peers' buffers (push, the default) or read from them (pull):
-  // AllGather, AllToAll and the two-shot AllReduce's copies. SMDDP_COPY_DIRECTION=push|pull.
+  // Two-shot AllReduce: each rank's kernel reduces its chunk, then its copy engines write it
+  // into the others' outputs ("push", the default), the others' copy engines read it ("pull"),
+  // or its kernel writes it into every output itself ("kernel").
+  // SMDDP_TWOSHOT=push|pull|kernel; any other value is an error.
+  enum class TwoShot { Push, Pull, Kernel };
+  static TwoShot twoshot_form();
+  // AllGather and AllToAll: copy engines write into the peers' outputs (push, the default) or
+  // read from the peers' inputs (pull). SMDDP_COPY_DIRECTION=push|pull.
   static bool copy_push();
 
  private:

@@ -125,7 +125,7 @@ std::optional<std::vector<Step>> schedule(const ScheduleArgs& a, std::string& wh
           for (int i = 0; i < n; ++i) outs.push_back(at(a.out[static_cast<std::size_t>(i)], first(me) * e));
           b.reduce(inputs_at(first(me) * e), outs, mine);
           b.barrier();
-        } else if (a.copy_push) {
+        } else if (a.twoshot_copy_push) {
           // The others' kernels read only their own chunks of this rank's buffer, so chunk
           // `me` may land in their outputs (in place: their inputs) without a barrier first.
           b.reduce(inputs_at(first(me) * e), {at(my_out, first(me) * e)}, mine);

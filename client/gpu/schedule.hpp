@@ -3,13 +3,13 @@
 // names, and tests/client/gpu runs the same schedules on host memory, for any group size, and
 // checks their results and that no two ranks touch the same bytes between two barriers.
 //
-// Copy engines push by default (`copy_push`): an AllGather or AllToAll rank writes its block
-// into every other member's output, and a two-shot AllReduce rank writes its reduced chunk into
-// them. On 2xH200 a copy engine writing over NVLink moves 7-9% more than one reading
-// (scripts/diag/rank_side_probe.cu --forms: 384 against 351 GB/s per GPU at 1 GiB), and the
-// two-shot push needs no barrier between its phases. Without `copy_push` every rank reads the
-// others' buffers and writes only its own. The kernel form of two-shot AllReduce (`push`)
-// writes the reduced chunk from the kernel itself.
+// Gathers push (`copy_push`): an AllGather or AllToAll rank writes its block into every other
+// member's output. On 2xH200 a copy engine writing over NVLink moves 7-9% more than one reading
+// (scripts/diag/rank_side_probe.cu --forms: 384 against 351 GB/s per GPU at 1 GiB). Without
+// it every rank reads the others' buffers and writes only its own. Two-shot AllReduce has
+// three forms: rank i's copy engines push its reduced chunk into the others' outputs
+// (`twoshot_copy_push`, no barrier between the phases), the others pull it, or rank i's kernel
+// writes it into every output (`push`).
 // Every member of an operation gets the same number of barriers, which depends only on the
 // operation, its byte size, the group size and `oneshot_max`.
 #pragma once
@@ -61,9 +61,9 @@ struct ScheduleArgs {
   std::vector<std::byte*> in, out;
   std::uint64_t oneshot_max = 0;  // AllReduce up to this many bytes runs one-shot
   bool push = false;              // two-shot AllReduce: the kernel writes every output
-  // Copy engines write into the peers' buffers (AllGather, AllToAll, two-shot AllReduce's
-  // second phase) instead of reading them. Pieces (below) keep the pull form.
-  bool copy_push = false;
+  bool twoshot_copy_push = false;  // two-shot AllReduce: copy engines push (pieces, below, pull)
+  bool copy_push = false;          // AllGather and AllToAll: copy engines write into the others
+
   // Two-shot pull AllReduce in pieces of about this many bytes per rank's chunk (at most 8):
   // the copies of piece j run on the side stream beside the reduction of piece j+1. 0: one piece.
   std::uint64_t pipeline_bytes = 0;

@@ -25,12 +25,13 @@ def test_gpu_expandable_segments():
     res.assert_ok(min_checks=n * 200)
 
 
-@pytest.mark.parametrize("form", [{"SMDDP_COPY_DIRECTION": "pull"}, {"SMDDP_TWOSHOT": "kernel"}],
-                         ids=["copy-pull", "twoshot-kernel"])
+@pytest.mark.parametrize("form", [{"SMDDP_COPY_DIRECTION": "pull"}, {"SMDDP_TWOSHOT": "pull"},
+                                  {"SMDDP_TWOSHOT": "kernel"}],
+                         ids=["gather-pull", "twoshot-pull", "twoshot-kernel"])
 def test_gpu_other_forms(form):
-    # The forms that are not the default (copy engines reading the peers; the two-shot
-    # AllReduce's kernel writing every output) stay correct: 1 Mi + 3 elements and 3 Mi + 11
-    # take the plan path (two-shot AllReduce, copy-engine AllGather and AllToAll).
+    # The forms that are not the default (AllGather and AllToAll reading the peers; the
+    # two-shot AllReduce's copies reading, or its kernel writing into every output) stay correct:
+    # 1 Mi + 3 elements and 3 Mi + 11 take the plan path.
     n = gpu_ranks()
     res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579,3145739"], timeout=600,
                   extra_env=form)

@@ -65,11 +65,13 @@ struct Case {
   bool push = false;
   std::uint64_t pipeline_bytes = 0;
   bool copy_push = false;
+  bool twoshot_copy_push = false;
   std::string name() const {
     return std::string(ipc::to_string(op)) + " " + std::string(ipc::to_string(dtype)) + " count " +
            std::to_string(count) + " n " + std::to_string(n) + " root " + std::to_string(root) +
            (in_place ? " in-place" : "") + " oneshot_max " + std::to_string(oneshot_max) + (push ? " push" : "") +
-           " pipeline_bytes " + std::to_string(pipeline_bytes) + (copy_push ? " copy_push" : "");
+           " pipeline_bytes " + std::to_string(pipeline_bytes) + (copy_push ? " copy_push" : "") +
+           (twoshot_copy_push ? " twoshot_copy_push" : "");
   }
 };
 
@@ -144,6 +146,7 @@ class Sim {
       a.push = c_.push;
       a.pipeline_bytes = c_.pipeline_bytes;
       a.copy_push = c_.copy_push;
+      a.twoshot_copy_push = c_.twoshot_copy_push;
       scratch_[r].resize(needs_scratch(a));
       a.scratch = scratch_[r].empty() ? nullptr : scratch_[r].data();
       std::string why;
@@ -423,7 +426,7 @@ TEST(GpuSchedule, AllReduceOneShotAndTwoShotPullAndPushInAndOutOfPlace) {
             for (bool push : {false, true})
               for (bool copy_push : {false, true}) {
                 if (oneshot_max && (push || copy_push)) continue;
-                check({OpType::AllReduce, t, count, n, 0, in_place, oneshot_max, push, 0, copy_push});
+                check({OpType::AllReduce, t, count, n, 0, in_place, oneshot_max, push, 0, false, copy_push});
               }
 }
 
@@ -437,7 +440,7 @@ TEST(GpuSchedule, TwoShotCopyPushHasNoBarrierBetweenItsPhases) {
     x.count = 16;
     x.in = {a.data(), b.data()};
     x.out = {c.data(), d.data()};
-    x.copy_push = copy_push;
+    x.twoshot_copy_push = copy_push;
     std::string why;
     auto s = schedule(x, why);
     ASSERT_TRUE(s) << why;
@@ -461,7 +464,7 @@ TEST(GpuSchedule, TwoShotPullPipelinedInPieces) {
         for (std::uint64_t piece : {16, 64, 1024})
           for (bool in_place : {false, true})
             for (bool copy_push : {false, true})  // pieces keep the pull form either way
-              check({OpType::AllReduce, t, count, n, 0, in_place, 0, false, piece, copy_push});
+              check({OpType::AllReduce, t, count, n, 0, in_place, 0, false, piece, false, copy_push});
 }
 
 TEST(GpuSchedule, ReduceScatterAndReduceToEveryRoot) {
@@ -512,7 +515,7 @@ TEST(GpuSchedule, BarriersDependOnlyOnWhatEveryMemberKnows) {
     x.in = {a.data(), b.data()};
     x.out = {a.data(), c.data()};  // rank 0 in place, rank 1 not
     x.oneshot_max = oneshot_max;
-    x.copy_push = copy_push;
+    x.twoshot_copy_push = copy_push;
     std::vector<std::byte> scratch(64);
     x.scratch = scratch.data();
     std::size_t barriers[2] = {0, 0};

@@ -13,8 +13,8 @@ namespace smddp::client::gpu {
 namespace {
 
 // Exits 0 with `want`, 1 with the other form, 3 after printing the error.
-template <class Read>
-[[noreturn]] void read_and_exit(const char* name, const char* value, Read read, bool want) {
+template <class Read, class Form>
+[[noreturn]] void read_and_exit(const char* name, const char* value, Read read, Form want) {
   ::setenv(name, value, 1);
   try {
     std::exit(read() == want ? 0 : 1);
@@ -37,20 +37,22 @@ TEST_F(GpuSettings, CopiesPushByDefaultAndPullWhenAsked) {
               ::testing::ExitedWithCode(0), "");
 }
 
-TEST_F(GpuSettings, TwoShotIsTheCopyFormByDefaultAndTheKernelFormWhenAsked) {
-  EXPECT_EXIT(read_and_exit("SMDDP_TWOSHOT", "", PeerExecutor::twoshot_push, false), ::testing::ExitedWithCode(0), "");
-  EXPECT_EXIT(read_and_exit("SMDDP_TWOSHOT", "kernel", PeerExecutor::twoshot_push, true), ::testing::ExitedWithCode(0),
+TEST_F(GpuSettings, TwoShotPushesByDefaultAndTakesTheOtherFormsWhenAsked) {
+  using T = PeerExecutor::TwoShot;
+  EXPECT_EXIT(read_and_exit("SMDDP_TWOSHOT", "", PeerExecutor::twoshot_form, T::Push), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(read_and_exit("SMDDP_TWOSHOT", "pull", PeerExecutor::twoshot_form, T::Pull), ::testing::ExitedWithCode(0),
               "");
-  EXPECT_EXIT(read_and_exit("SMDDP_TWOSHOT", "copy", PeerExecutor::twoshot_push, false), ::testing::ExitedWithCode(0),
+  EXPECT_EXIT(read_and_exit("SMDDP_TWOSHOT", "push", PeerExecutor::twoshot_form, T::Push), ::testing::ExitedWithCode(0),
               "");
+  EXPECT_EXIT(read_and_exit("SMDDP_TWOSHOT", "kernel", PeerExecutor::twoshot_form, T::Kernel),
+              ::testing::ExitedWithCode(0), "");
 }
 
 TEST_F(GpuSettings, AValueThatNamesNoFormIsAnErrorNamingTheSetting) {
   EXPECT_EXIT(read_and_exit("SMDDP_COPY_DIRECTION", "sideways", PeerExecutor::copy_push, true),
               ::testing::ExitedWithCode(3), "SMDDP_COPY_DIRECTION='sideways' is not valid: use push or pull");
-  // The old names of the two-shot forms are refused too, not read as the default.
-  EXPECT_EXIT(read_and_exit("SMDDP_TWOSHOT", "push", PeerExecutor::twoshot_push, false), ::testing::ExitedWithCode(3),
-              "SMDDP_TWOSHOT='push' is not valid: use kernel or copy");
+  EXPECT_EXIT(read_and_exit("SMDDP_TWOSHOT", "Push", PeerExecutor::twoshot_form, PeerExecutor::TwoShot::Push),
+              ::testing::ExitedWithCode(3), "SMDDP_TWOSHOT='Push' is not valid: use push, pull or kernel");
 }
 
 }  // namespace
