@@ -258,46 +258,6 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
         barrier();
       });
     }
-    // Both phases as copy-engine pushes, three streams: side[0] pushes my input's part for
-    // the peer into its scratch piece by piece (counted in its piece flag), s reduces each
-    // piece once the peer's arrived (local reads only), side[1] pushes each reduced piece
-    // into the peer's output.
-    for (int pieces : {2, 4, 8}) {
-      char name[40];
-      std::snprintf(name, sizeof name, "ar 3-stream push p%d", pieces);
-      time_loop(name, bytes, iters, [&] {
-        barrier();
-        CK(cudaEventRecord(fork, s));
-        CK(cudaStreamWaitEvent(side[0], fork, 0));
-        const size_t pin_len = ((plen + pieces - 1) / pieces + 3) / 4 * 4;
-        const size_t my_len = ((len + pieces - 1) / pieces + 3) / 4 * 4;
-        for (int p = 0; p < pieces; ++p) {
-          const size_t o = pin_len * p;
-          if (o < plen)
-            CK(cudaMemcpyAsync(pscratch + o, in + poff + o, std::min(pin_len, plen - o) * 4, cudaMemcpyDeviceToDevice,
-                               side[0]));
-          CU(cuStreamWriteValue64(reinterpret_cast<CUstream>(side[0]), peer_piece, pieces_done + p + 1,
-                                  CU_STREAM_WRITE_VALUE_DEFAULT));
-        }
-        CK(cudaEventRecord(join[0], side[0]));
-        for (int p = 0; p < pieces; ++p) {
-          CU(cuStreamWaitValue64(reinterpret_cast<CUstream>(s), own_piece, pieces_done + p + 1,
-                                 CU_STREAM_WAIT_VALUE_GEQ));
-          const size_t o = my_len * p;
-          if (o >= len) continue;
-          const size_t l = std::min(my_len, len - o);
-          launch_reduce(in + off + o, scratch + o, out + off + o, l);
-          CK(cudaEventRecord(piece_done[p], s));
-          CK(cudaStreamWaitEvent(side[1], piece_done[p], 0));
-          CK(cudaMemcpyAsync(pout + off + o, out + off + o, l * 4, cudaMemcpyDeviceToDevice, side[1]));
-        }
-        pieces_done += pieces;
-        CK(cudaEventRecord(join[1], side[1]));
-        CK(cudaStreamWaitEvent(s, join[0], 0));
-        CK(cudaStreamWaitEvent(s, join[1], 0));
-        barrier();
-      });
-    }
     time_loop("ar push+local+push", bytes, iters, [&] {
       barrier();
       CK(cudaMemcpyAsync(pscratch, in + poff, plen * 4, cudaMemcpyDeviceToDevice, s));
@@ -306,40 +266,52 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
       CK(cudaMemcpyAsync(pout + off, out + off, len * 4, cudaMemcpyDeviceToDevice, s));
       barrier();
     });
-    for (int pieces : {4, 8, 16}) {
-      char name[40];
-      std::snprintf(name, sizeof name, "ar pipelined p%d", pieces);
-      // side[0] pushes my input's part for the peer piece by piece into its scratch and
-      // counts them in its piece flag; s reduces each piece once the peer's arrived and
-      // pushes the result straight into the peer's output.
-      time_loop(name, bytes, iters, [&] {
-        barrier();
-        CK(cudaEventRecord(fork, s));
-        CK(cudaStreamWaitEvent(side[0], fork, 0));
-        const size_t pin_len = (plen + pieces - 1) / pieces, my_len = (len + pieces - 1) / pieces;
-        for (int p = 0; p < pieces; ++p) {
-          size_t o = pin_len * p;
-          if (o < plen) {
-            CK(cudaMemcpyAsync(pscratch + o, in + poff + o, std::min(pin_len, plen - o) * 4,
-                               cudaMemcpyDeviceToDevice, side[0]));
+    // Both phases as copy-engine pushes, pipelined: side[0] pushes my input's part for the
+    // peer into its scratch piece by piece (counted in its piece flag); s reduces each piece
+    // once the peer's arrived (local reads only); the reduced piece goes into the peer's
+    // output from s itself ("2-stream") or from side[1] ("3-stream", beside the next reduction).
+    for (bool third : {false, true}) {
+      for (int pieces : {2, 4, 8, 16}) {
+        char name[40];
+        std::snprintf(name, sizeof name, "ar %s push p%d", third ? "3-stream" : "2-stream", pieces);
+        cudaStream_t out_stream = third ? side[1] : s;
+        time_loop(name, bytes, iters, [&] {
+          barrier();
+          CK(cudaEventRecord(fork, s));
+          CK(cudaStreamWaitEvent(side[0], fork, 0));
+          const size_t pin_len = ((plen + pieces - 1) / pieces + 3) / 4 * 4;
+          const size_t my_len = ((len + pieces - 1) / pieces + 3) / 4 * 4;
+          for (int p = 0; p < pieces; ++p) {
+            const size_t o = pin_len * p;
+            if (o < plen)
+              CK(cudaMemcpyAsync(pscratch + o, in + poff + o, std::min(pin_len, plen - o) * 4,
+                                 cudaMemcpyDeviceToDevice, side[0]));
+            CU(cuStreamWriteValue64(reinterpret_cast<CUstream>(side[0]), peer_piece, pieces_done + p + 1,
+                                    CU_STREAM_WRITE_VALUE_DEFAULT));
           }
-          CU(cuStreamWriteValue64(reinterpret_cast<CUstream>(side[0]), peer_piece, pieces_done + p + 1,
-                                  CU_STREAM_WRITE_VALUE_DEFAULT));
-        }
-        CK(cudaEventRecord(join[0], side[0]));
-        for (int p = 0; p < pieces; ++p) {
-          CU(cuStreamWaitValue64(reinterpret_cast<CUstream>(s), own_piece, pieces_done + p + 1,
-                                 CU_STREAM_WAIT_VALUE_GEQ));
-          size_t o = my_len * p;
-          if (o >= len) continue;
-          size_t l = std::min(my_len, len - o);
-          launch_reduce(in + off + o, scratch + o, out + off + o, l);
-          CK(cudaMemcpyAsync(pout + off + o, out + off + o, l * 4, cudaMemcpyDeviceToDevice, s));
-        }
-        pieces_done += pieces;
-        CK(cudaStreamWaitEvent(s, join[0], 0));
-        barrier();
-      });
+          CK(cudaEventRecord(join[0], side[0]));
+          for (int p = 0; p < pieces; ++p) {
+            CU(cuStreamWaitValue64(reinterpret_cast<CUstream>(s), own_piece, pieces_done + p + 1,
+                                   CU_STREAM_WAIT_VALUE_GEQ));
+            const size_t o = my_len * p;
+            if (o >= len) continue;
+            const size_t l = std::min(my_len, len - o);
+            launch_reduce(in + off + o, scratch + o, out + off + o, l);
+            if (third) {
+              CK(cudaEventRecord(piece_done[p], s));
+              CK(cudaStreamWaitEvent(side[1], piece_done[p], 0));
+            }
+            CK(cudaMemcpyAsync(pout + off + o, out + off + o, l * 4, cudaMemcpyDeviceToDevice, out_stream));
+          }
+          pieces_done += pieces;
+          CK(cudaStreamWaitEvent(s, join[0], 0));
+          if (third) {
+            CK(cudaEventRecord(join[1], side[1]));
+            CK(cudaStreamWaitEvent(s, join[1], 0));
+          }
+          barrier();
+        });
+      }
     }
   }
   (void)seq;
