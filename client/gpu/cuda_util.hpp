@@ -1,6 +1,7 @@
 // Small CUDA runtime helpers shared by the rank side of the GPU path.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <stdexcept>
@@ -27,7 +28,25 @@ Fn driver_entry(const char* name) {
   return ok ? reinterpret_cast<Fn>(fn) : nullptr;
 }
 
+// Whether this process holds no primary context on device `dev`, by the driver (false where
+// the driver cannot say). cudaSetDevice creates one (since CUDA 12.0): about 0.5 GiB of that
+// GPU and 100 ms or more.
+inline bool primary_context_inactive(int dev) {
+  using Get = CUresult (*)(CUdevice*, int);
+  using State = CUresult (*)(CUdevice, unsigned int*, int*);
+  static const Get get = driver_entry<Get>("cuDeviceGet");
+  static const State state = driver_entry<State>("cuDevicePrimaryCtxGetState");
+  CUdevice d{};
+  unsigned int flags = 0;
+  int active = 1;
+  if (!get || !state || get(&d, dev) != CUDA_SUCCESS || state(d, &flags, &active) != CUDA_SUCCESS) return false;
+  return active == 0;
+}
+
 // Makes `dev` current for the scope and restores the caller's device (torch tracks its own).
+// A thread that never chose a device (our progress thread, torch's callback threads) reports
+// device 0 without holding its context; "restoring" 0 there would create GPU 0's context in
+// this rank's process. Such a thread keeps `dev` instead.
 class DeviceScope {
  public:
   explicit DeviceScope(int dev) {
@@ -36,7 +55,7 @@ class DeviceScope {
   }
   ~DeviceScope() {
     int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now != prev_) cudaSetDevice(prev_);
+    if (cudaGetDevice(&now) == cudaSuccess && now != prev_ && !primary_context_inactive(prev_)) cudaSetDevice(prev_);
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;

@@ -312,7 +312,18 @@ if BIG:
     chk.run("reduce_scatter_tensor.256MiB.float32", check_reduce_scatter, "float32", big // W, True)
     chk.run("reduce_scatter_tensor.256MiB.bfloat16", check_reduce_scatter, "bfloat16", big // W, True)
 
+
+
+def check_no_context_on_other_gpus():
+    # smddp's own threads (progress, callbacks) must not create CUDA contexts on GPUs this rank
+    # does not use: each costs about 0.5 GiB there and 100 ms or more when it is created.
+    others = [d for d in range(torch.cuda.device_count())
+              if d != local and torch._C._cuda_hasPrimaryContext(d)]
+    return True if not others else "this rank holds primary CUDA contexts on GPUs %s" % others
+
+
 torch.cuda.synchronize()
+chk.run("no CUDA context on another GPU", check_no_context_on_other_gpus)
 dist.barrier()
 rc = chk.finish()
 dist.destroy_process_group()
