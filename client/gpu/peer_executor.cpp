@@ -207,7 +207,8 @@ PeerExecutor::~PeerExecutor() {
   if (scratch_) cudaFree(scratch_);
   for (void* p : retired_scratch_) cudaFree(p);
   if (flag_block_) cudaFree(flag_block_);
-  cudaSetDevice(prev);
+  // As DeviceScope: a thread that never chose a device must not create GPU 0's context here.
+  if (prev != device_ && !primary_context_inactive(prev)) cudaSetDevice(prev);
 }
 
 cudaEvent_t PeerExecutor::take_event() {
