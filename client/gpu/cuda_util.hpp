@@ -43,20 +43,23 @@ inline bool primary_context_inactive(int dev) {
   return active == 0;
 }
 
-// Makes `dev` current for the scope and restores the caller's device (torch tracks its own).
-// A thread that never chose a device (our progress thread, torch's callback threads) reports
-// device 0 without holding its context; "restoring" 0 there would create GPU 0's context in
-// this rank's process. Such a thread keeps `dev` instead.
+// Makes `prev` the thread's device again after it moved to another one, unless this process
+// holds no context on `prev` (a thread that never chose a device reports 0): setting it would
+// create GPU `prev`'s context in this rank's process. Such a thread keeps the device it has.
+inline void restore_device(int prev) noexcept {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now != prev && !primary_context_inactive(prev)) cudaSetDevice(prev);
+}
+
+// Makes `dev` current for the scope and restores the caller's device (torch tracks its own;
+// see restore_device for threads that never chose one, such as our progress thread).
 class DeviceScope {
  public:
   explicit DeviceScope(int dev) {
     check(cudaGetDevice(&prev_), "cudaGetDevice");
     if (prev_ != dev) check(cudaSetDevice(dev), "cudaSetDevice");
   }
-  ~DeviceScope() {
-    int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now != prev_ && !primary_context_inactive(prev_)) cudaSetDevice(prev_);
-  }
+  ~DeviceScope() { restore_device(prev_); }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 

@@ -59,6 +59,21 @@ std::uint64_t fast_max_bytes(int n) {
 // Null stays null, so a missing buffer is caught before any GPU work uses it.
 std::byte* at(void* p, std::uint64_t off) { return p ? static_cast<std::byte*>(p) + off : nullptr; }
 
+// The index of the form a setting names (unset or empty: the first); anything else is an
+// error, not a silent default (the ranks' schedules must agree, and a typo would otherwise
+// run or measure the wrong form).
+std::size_t env_form(const char* name, std::initializer_list<const char*> forms) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return 0;
+  std::string names;
+  std::size_t i = 0;
+  for (const char* f : forms) {
+    if (std::string(v) == f) return i;
+    names += (i == 0 ? "" : i + 1 == forms.size() ? " or " : ", ") + std::string(f);
+    ++i;
+  }
+  throw std::runtime_error(std::string(name) + "='" + v + "' is not valid: use " + names);
+}
 }  // namespace
 
 std::uint64_t PeerExecutor::oneshot_max_bytes(int group_size) {
@@ -99,23 +114,6 @@ std::uint64_t PeerExecutor::twoshot_piece_bytes() {
   return v;
 }
 
-namespace {
-// The index of the form a setting names (unset or empty: the first); anything else is an
-// error, not a silent default (the ranks' schedules must agree, and a typo would otherwise
-// run or measure the wrong form).
-std::size_t env_form(const char* name, std::initializer_list<const char*> forms) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return 0;
-  std::string names;
-  std::size_t i = 0;
-  for (const char* f : forms) {
-    if (std::string(v) == f) return i;
-    names += (i == 0 ? "" : i + 1 == forms.size() ? " or " : ", ") + std::string(f);
-    ++i;
-  }
-  throw std::runtime_error(std::string(name) + "='" + v + "' is not valid: use " + names);
-}
-}  // namespace
 
 PeerExecutor::TwoShot PeerExecutor::twoshot_form() {
   // Push by default: 3-5% faster than pull on 2xH200 (64 MiB 306 against 291 GB/s busbw, 1 GiB
@@ -207,8 +205,7 @@ PeerExecutor::~PeerExecutor() {
   if (scratch_) cudaFree(scratch_);
   for (void* p : retired_scratch_) cudaFree(p);
   if (flag_block_) cudaFree(flag_block_);
-  // As DeviceScope: a thread that never chose a device must not create GPU 0's context here.
-  if (prev != device_ && !primary_context_inactive(prev)) cudaSetDevice(prev);
+  restore_device(prev);
 }
 
 cudaEvent_t PeerExecutor::take_event() {
@@ -790,8 +787,7 @@ void PeerExecutor::run(const Plan& p) {
   a.in.assign(static_cast<std::size_t>(n), nullptr);
   a.out.assign(static_cast<std::size_t>(n), nullptr);
   a.oneshot_max = oneshot_max_bytes(n);
-  a.push = twoshot_form() == TwoShot::Kernel;
-  a.twoshot_copy_push = twoshot_form() == TwoShot::Push;
+  a.twoshot = twoshot_form();
   a.copy_push = copy_push();
   a.pipeline_bytes = twoshot_piece_bytes();
   dry_error_.clear();

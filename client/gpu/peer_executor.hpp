@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "client/client.hpp"
+#include "client/gpu/schedule.hpp"
 #include "daemon/cuda/device_kernels.hpp"
 #include "ipc/protocol.hpp"
 
@@ -144,7 +145,7 @@ class PeerExecutor {
   // into the others' outputs ("push", the default), the others' copy engines read it ("pull"),
   // or its kernel writes it into every output itself ("kernel").
   // SMDDP_TWOSHOT=push|pull|kernel; any other value is an error.
-  enum class TwoShot { Push, Pull, Kernel };
+  using TwoShot = gpu::TwoShot;
   static TwoShot twoshot_form();
   // AllGather and AllToAll: copy engines write into the peers' outputs (push, the default) or
   // read from the peers' inputs (pull). SMDDP_COPY_DIRECTION=push|pull.

@@ -99,7 +99,7 @@ std::optional<std::vector<Step>> schedule(const ScheduleArgs& a, std::string& wh
         const std::uint64_t mine = first(me + 1) - first(me);
         // Pieces per chunk: the same on every member (it depends on what they share).
         const std::uint64_t pieces =
-            a.push || a.pipeline_bytes == 0
+            a.twoshot == TwoShot::Kernel || a.pipeline_bytes == 0
                 ? 1
                 : std::clamp<std::uint64_t>((q * e + a.pipeline_bytes - 1) / a.pipeline_bytes, 1, kMaxPieces);
         b.barrier();
@@ -120,12 +120,12 @@ std::optional<std::vector<Step>> schedule(const ScheduleArgs& a, std::string& wh
                        (lo(i, j + 1) - lo(i, j)) * e, Kind::SideCopy);
           }
           b.join_side();
-        } else if (a.push) {
+        } else if (a.twoshot == TwoShot::Kernel) {
           std::vector<std::byte*> outs;
           for (int i = 0; i < n; ++i) outs.push_back(at(a.out[static_cast<std::size_t>(i)], first(me) * e));
           b.reduce(inputs_at(first(me) * e), outs, mine);
           b.barrier();
-        } else if (a.twoshot_copy_push) {
+        } else if (a.twoshot == TwoShot::Push) {
           // The others' kernels read only their own chunks of this rank's buffer, so chunk
           // `me` may land in their outputs (in place: their inputs) without a barrier first.
           b.reduce(inputs_at(first(me) * e), {at(my_out, first(me) * e)}, mine);

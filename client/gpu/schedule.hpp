@@ -7,9 +7,9 @@
 // member's output. On 2xH200 a copy engine writing over NVLink moves 7-9% more than one reading
 // (scripts/diag/rank_side_probe.cu --forms: 384 against 351 GB/s per GPU at 1 GiB). Without
 // it every rank reads the others' buffers and writes only its own. Two-shot AllReduce has
-// three forms: rank i's copy engines push its reduced chunk into the others' outputs
-// (`twoshot_copy_push`, no barrier between the phases), the others pull it, or rank i's kernel
-// writes it into every output (`push`).
+// three forms (`TwoShot`): rank i's copy engines push its reduced chunk into the others'
+// outputs (no barrier between the phases), the others pull it, or rank i's kernel writes it
+// into every output.
 // Every member of an operation gets the same number of barriers, which depends only on the
 // operation, its byte size, the group size and `oneshot_max`.
 #pragma once
@@ -49,6 +49,10 @@ struct Step {
   std::uint64_t bytes = 0;
 };
 
+// Who moves rank i's reduced chunk to the others in a two-shot AllReduce: its copy engines
+// writing (Push), the others' copy engines reading (Pull), or its reduction kernel (Kernel).
+enum class TwoShot { Push, Pull, Kernel };
+
 struct ScheduleArgs {
   ipc::OpType op = ipc::OpType::AllReduce;
   ipc::DType dtype = ipc::DType::Float32;
@@ -60,9 +64,8 @@ struct ScheduleArgs {
   // executor refuses to move bytes then.
   std::vector<std::byte*> in, out;
   std::uint64_t oneshot_max = 0;  // AllReduce up to this many bytes runs one-shot
-  bool push = false;              // two-shot AllReduce: the kernel writes every output
-  bool twoshot_copy_push = false;  // two-shot AllReduce: copy engines push (pieces, below, pull)
-  bool copy_push = false;          // AllGather and AllToAll: copy engines write into the others
+  TwoShot twoshot = TwoShot::Pull;  // pieces (below) pull whatever it says
+  bool copy_push = false;            // AllGather and AllToAll: copy engines write into the others
 
   // Two-shot pull AllReduce in pieces of about this many bytes per rank's chunk (at most 8):
   // the copies of piece j run on the side stream beside the reduction of piece j+1. 0: one piece.

@@ -62,16 +62,15 @@ struct Case {
   int root = 0;
   bool in_place = false;
   std::uint64_t oneshot_max = 1 << 20;
-  bool push = false;
+  TwoShot twoshot = TwoShot::Pull;
   std::uint64_t pipeline_bytes = 0;
   bool copy_push = false;
-  bool twoshot_copy_push = false;
   std::string name() const {
     return std::string(ipc::to_string(op)) + " " + std::string(ipc::to_string(dtype)) + " count " +
            std::to_string(count) + " n " + std::to_string(n) + " root " + std::to_string(root) +
-           (in_place ? " in-place" : "") + " oneshot_max " + std::to_string(oneshot_max) + (push ? " push" : "") +
-           " pipeline_bytes " + std::to_string(pipeline_bytes) + (copy_push ? " copy_push" : "") +
-           (twoshot_copy_push ? " twoshot_copy_push" : "");
+           (in_place ? " in-place" : "") + " oneshot_max " + std::to_string(oneshot_max) + " twoshot " +
+           (twoshot == TwoShot::Push ? "push" : twoshot == TwoShot::Pull ? "pull" : "kernel") + " pipeline_bytes " +
+           std::to_string(pipeline_bytes) + (copy_push ? " copy_push" : "");
   }
 };
 
@@ -143,10 +142,9 @@ class Sim {
       a.in = ins_;
       a.out = outs_;
       a.oneshot_max = c_.oneshot_max;
-      a.push = c_.push;
+      a.twoshot = c_.twoshot;
       a.pipeline_bytes = c_.pipeline_bytes;
       a.copy_push = c_.copy_push;
-      a.twoshot_copy_push = c_.twoshot_copy_push;
       scratch_[r].resize(needs_scratch(a));
       a.scratch = scratch_[r].empty() ? nullptr : scratch_[r].data();
       std::string why;
@@ -423,11 +421,10 @@ TEST(GpuSchedule, AllReduceOneShotAndTwoShotPullAndPushInAndOutOfPlace) {
       for (auto count : kCounts)
         for (bool in_place : {false, true})
           for (std::uint64_t oneshot_max : {std::uint64_t{1} << 20, std::uint64_t{0}})  // one-shot, two-shot
-            for (bool push : {false, true})
-              for (bool copy_push : {false, true}) {
-                if (oneshot_max && (push || copy_push)) continue;
-                check({OpType::AllReduce, t, count, n, 0, in_place, oneshot_max, push, 0, false, copy_push});
-              }
+            for (TwoShot form : {TwoShot::Pull, TwoShot::Push, TwoShot::Kernel}) {
+              if (oneshot_max && form != TwoShot::Pull) continue;
+              check({OpType::AllReduce, t, count, n, 0, in_place, oneshot_max, form});
+            }
 }
 
 TEST(GpuSchedule, TwoShotCopyPushHasNoBarrierBetweenItsPhases) {
@@ -440,7 +437,7 @@ TEST(GpuSchedule, TwoShotCopyPushHasNoBarrierBetweenItsPhases) {
     x.count = 16;
     x.in = {a.data(), b.data()};
     x.out = {c.data(), d.data()};
-    x.twoshot_copy_push = copy_push;
+    x.twoshot = copy_push ? TwoShot::Push : TwoShot::Pull;
     std::string why;
     auto s = schedule(x, why);
     ASSERT_TRUE(s) << why;
@@ -463,8 +460,8 @@ TEST(GpuSchedule, TwoShotPullPipelinedInPieces) {
       for (std::uint64_t count : {7, 64, 1001, 4099})
         for (std::uint64_t piece : {16, 64, 1024})
           for (bool in_place : {false, true})
-            for (bool copy_push : {false, true})  // pieces keep the pull form either way
-              check({OpType::AllReduce, t, count, n, 0, in_place, 0, false, piece, false, copy_push});
+            for (TwoShot form : {TwoShot::Pull, TwoShot::Push})  // pieces keep the pull form either way
+              check({OpType::AllReduce, t, count, n, 0, in_place, 0, form, piece});
 }
 
 TEST(GpuSchedule, ReduceScatterAndReduceToEveryRoot) {
@@ -481,9 +478,9 @@ TEST(GpuSchedule, AllGatherInAndOutOfPlaceAndAllToAllPulledAndPushed) {
     for (auto t : kTypes)
       for (auto count : kCounts) {
         for (bool copy_push : {false, true}) {
-          check({OpType::AllGather, t, count, n, 0, false, 1 << 20, false, 0, copy_push});
-          check({OpType::AllGather, t, count, n, 0, true, 1 << 20, false, 0, copy_push});
-          check({OpType::AllToAll, t, count, n, 0, false, 1 << 20, false, 0, copy_push});
+          check({OpType::AllGather, t, count, n, 0, false, 1 << 20, TwoShot::Pull, 0, copy_push});
+          check({OpType::AllGather, t, count, n, 0, true, 1 << 20, TwoShot::Pull, 0, copy_push});
+          check({OpType::AllToAll, t, count, n, 0, false, 1 << 20, TwoShot::Pull, 0, copy_push});
         }
       }
 }
@@ -515,7 +512,7 @@ TEST(GpuSchedule, BarriersDependOnlyOnWhatEveryMemberKnows) {
     x.in = {a.data(), b.data()};
     x.out = {a.data(), c.data()};  // rank 0 in place, rank 1 not
     x.oneshot_max = oneshot_max;
-    x.twoshot_copy_push = copy_push;
+    x.twoshot = copy_push ? TwoShot::Push : TwoShot::Pull;
     std::vector<std::byte> scratch(64);
     x.scratch = scratch.data();
     std::size_t barriers[2] = {0, 0};
