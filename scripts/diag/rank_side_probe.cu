@@ -5,13 +5,19 @@
 // process holds an idle context on every GPU (as the daemon would).
 //
 //   nvcc -O2 -arch=sm_90 -o rank_side_probe scripts/diag/rank_side_probe.cu -lcuda
-//   ./rank_side_probe [--idle-daemon | --forms]
+//   ./rank_side_probe [--idle-daemon | --forms | --fused]
 //
 // Prints per-iteration times for: the two-GPU barrier alone, one-shot AllReduce, two-shot
 // AllReduce (kernel, then copy-engine pull) and copy-engine AllGather, 8 B to 1 GiB.
 // --forms compares, at 64 MiB to 1 GiB, the ways bytes can cross NVLink: copy-engine pulls
 // (reads of the peer) against pushes (writes into the peer), on one stream or split over
 // several, and AllReduce two-shot forms built from them.
+// --fused compares the two-shot AllReduce (kernel reading the peer, then copy-engine push)
+// with one kernel per rank that moves every byte by SM stores: its producer blocks write this
+// rank's input part for the peer into the peer's scratch, piece by piece, counting each piece
+// in the peer's flag; its consumer blocks wait for each piece, reduce it with local reads only
+// and write the result into both outputs. NVLink then carries only writes, pipelined, with no
+// stream operation per piece. Also the bare SM-store push (an AllGather by SMs).
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <sys/mman.h>
@@ -82,6 +88,67 @@ __global__ void reduce2_tail(const float* a, const float* b, float* o, size_t n)
   if (i < n) o[i] = a[i] + b[i];
 }
 
+// --fused. Flag word 2 of a rank's flag block counts the pieces its peer's producers delivered.
+__device__ unsigned long long ld_acquire_sys(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ void red_release_sys(unsigned long long* p, unsigned long long v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+// Blocks [0, producers): copy `theirs` (this rank's input, the peer's chunk) into the peer's
+// scratch, piece by piece, then add 1 to the peer's arrival counter. The others: wait until
+// every producer of the peer delivered piece p (arrived >= base + (p+1) * producers), then
+// out = pout = mine + scratch for that piece.
+__global__ void fused_ar(const float4* mine, const float4* theirs, float4* pscratch, const float4* scratch,
+                         float4* out, float4* pout, size_t n4, size_t piece4, int producers,
+                         unsigned long long* peer_arrived, const unsigned long long* arrived,
+                         unsigned long long base) {
+  const size_t pieces = (n4 + piece4 - 1) / piece4;
+  if (static_cast<int>(blockIdx.x) < producers) {
+    const size_t stride = size_t(producers) * blockDim.x;
+    for (size_t p = 0; p < pieces; ++p) {
+      const size_t hi = min(n4, (p + 1) * piece4);
+      for (size_t i = p * piece4 + blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < hi; i += stride)
+        pscratch[i] = theirs[i];
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence_system();
+        red_release_sys(peer_arrived, 1);
+      }
+    }
+    return;
+  }
+  const int consumers = gridDim.x - producers;
+  const size_t c = blockIdx.x - producers, stride = size_t(consumers) * blockDim.x;
+  for (size_t p = 0; p < pieces; ++p) {
+    if (threadIdx.x == 0)
+      while (ld_acquire_sys(arrived) < base + (p + 1) * producers) {
+      }
+    __syncthreads();
+    const size_t hi = min(n4, (p + 1) * piece4);
+    for (size_t i = p * piece4 + c * blockDim.x + threadIdx.x; i < hi; i += stride) {
+      const float4 x = mine[i], y = __ldcg(scratch + i);
+      const float4 r = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+      out[i] = r;
+      pout[i] = r;
+    }
+  }
+}
+__global__ void sm_copy(const float4* src, float4* dst, size_t n4) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+__global__ void fill_rank(float* p, size_t n, int me) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = float((me + 1) * (i % 7));
+}
+__global__ void count_wrong(const float* p, size_t n, unsigned long long* wrong) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    if (p[i] != float(3 * (i % 7))) atomicAdd(wrong, 1ull);
+}
+
 // A reusable two-process barrier: the k-th call returns once both processes made it.
 static void host_barrier(Shared* sh) {
   static int calls = 0;
@@ -97,7 +164,7 @@ static void host_barrier(Shared* sh) {
 template <class Barrier, class TimeLoop, class Reduce>
 static void run_forms(int me, float* in, float* out, float* pin, float* pout, unsigned long long* flags,
                       unsigned long long* pflags, cudaStream_t s, unsigned long long& seq, Barrier& barrier,
-                      TimeLoop& time_loop, Reduce& launch_reduce) {
+                      TimeLoop& time_loop, Reduce& launch_reduce, bool fused_only) {
   const int peer = 1 - me;
   constexpr int kSide = 4;
   cudaStream_t side[kSide];
@@ -107,12 +174,12 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
     CK(cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming));
   }
   CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  cudaEvent_t piece_done[16];
+  cudaEvent_t piece_done[64];
   for (auto& e : piece_done) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   // Scratch for the push-reduce-push AllReduce: the peer pushes its input's half for me here.
   float* scratch = nullptr;
-  CK(cudaMalloc(&scratch, kMax / 2));
-  CK(cudaMemset(scratch, 0, kMax / 2));
+  CK(cudaMalloc(&scratch, kMax));  // the one-shot copy-engine form (--fused) takes a whole input
+  CK(cudaMemset(scratch, 0, kMax));
   cudaIpcMemHandle_t h;
   CK(cudaIpcGetMemHandle(&h, scratch));
   // The peer's scratch handle travels through a file named by rank (the Shared block has no slot).
@@ -170,6 +237,127 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
 
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, me));
+  if (fused_only) {
+    unsigned long long* wrong = nullptr;
+    CK(cudaMallocManaged(&wrong, sizeof *wrong));
+    unsigned long long arrived = 0;  // what this rank's word 2 has counted so far
+    unsigned long long pushed = 0;  // what this rank's word 3 has counted so far
+    for (size_t bytes : {size_t(8) << 20, size_t(16) << 20, size_t(32) << 20, size_t(64) << 20, size_t(256) << 20, kMax}) {
+      const int iters = bytes <= (size_t(64) << 20) ? 60 : bytes <= (size_t(256) << 20) ? 25 : 10;
+      const size_t n = bytes / 4, nh = n / 2, off = me * nh, poff = peer * nh;  // even halves
+      fill_rank<<<264, 512, 0, s>>>(in, n, me);
+      CK(cudaStreamSynchronize(s));
+      barrier();
+      if (me == 0) std::printf("-- %zu MiB (AllReduce busbw = algbw)\n", bytes >> 20);
+      auto check = [&](const char* what) {
+        *wrong = 0;
+        count_wrong<<<264, 512, 0, s>>>(out, n, wrong);
+        CK(cudaStreamSynchronize(s));
+        if (*wrong) std::printf("rank %d: %s: %llu wrong elements\n", me, what, *wrong);
+        CK(cudaMemsetAsync(out, 0, bytes, s));
+        barrier();
+      };
+      time_loop("ar read+push", bytes, iters, [&] {
+        barrier();
+        launch_reduce(in + off, pin + off, out + off, nh);
+        CK(cudaMemcpyAsync(pout + off, out + off, nh * 4, cudaMemcpyDeviceToDevice, s));
+        barrier();
+      });
+      check("ar read+push");
+      time_loop("ar 1shot read", bytes, iters, [&] {
+        barrier();
+        launch_reduce(in, pin, out, n);
+        barrier();
+      });
+      check("ar 1shot read");
+      // One-shot by copy engines: side[0] writes this rank's whole input into the peer's
+      // scratch in pieces, each counted in the peer's word 3; s reduces piece p (local reads
+      // only) once the peer's piece p arrived and, for in place, once this rank's own piece p
+      // left. No closing barrier: nothing of this rank's is read or written by the peer
+      // after its last piece arrived, and the next op's opening barrier frees the scratch.
+      for (bool in_place : {false, true}) {
+        for (int pieces : {1, 4, 8, 16, 32}) {
+          char name[48];
+          std::snprintf(name, sizeof name, "ar 1shot ce p%d%s", pieces, in_place ? " inpl" : "");
+          float* dst = in_place ? in : out;
+          const size_t per = ((n + pieces - 1) / pieces + 3) / 4 * 4;
+          const auto body = [&] {
+            barrier();
+            CK(cudaEventRecord(fork, s));
+            CK(cudaStreamWaitEvent(side[0], fork, 0));
+            for (int p = 0; p < pieces; ++p) {
+              const size_t o = per * p;
+              if (o >= n) break;
+              CK(cudaMemcpyAsync(pscratch + o, in + o, std::min(per, n - o) * 4, cudaMemcpyDeviceToDevice, side[0]));
+              CU(cuStreamWriteValue64(reinterpret_cast<CUstream>(side[0]), reinterpret_cast<CUdeviceptr>(pflags + 3),
+                                      pushed + p + 1, CU_STREAM_WRITE_VALUE_DEFAULT));
+              if (in_place) CK(cudaEventRecord(piece_done[p], side[0]));
+            }
+            CK(cudaEventRecord(join[0], side[0]));
+            for (int p = 0; p < pieces; ++p) {
+              const size_t o = per * p;
+              if (o >= n) break;
+              CU(cuStreamWaitValue64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flags + 3),
+                                     pushed + p + 1, CU_STREAM_WAIT_VALUE_GEQ));
+              if (in_place) CK(cudaStreamWaitEvent(s, piece_done[p], 0));
+              launch_reduce(in + o, scratch + o, dst + o, std::min(per, n - o));
+            }
+            pushed += pieces;
+            CK(cudaStreamWaitEvent(s, join[0], 0));
+          };
+          // In place the input grows every run (no overflow in 65 doublings); the check
+          // runs once more on a fresh input.
+          time_loop(name, bytes, iters, body);
+          if (in_place) {
+            fill_rank<<<264, 512, 0, s>>>(in, n, me);
+            body();
+            CK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, s));
+            fill_rank<<<264, 512, 0, s>>>(in, n, me);
+          }
+          check(name);
+          barrier();
+        }
+      }
+      for (int blocks : {132}) {
+        char name[40];
+        std::snprintf(name, sizeof name, "sm push b%d", blocks);
+        time_loop(name, bytes / 2, iters, [&] {  // bytes/2 each way: compare with AllGather busbw
+          barrier();
+          sm_copy<<<blocks, 512, 0, s>>>(reinterpret_cast<const float4*>(in + off), reinterpret_cast<float4*>(pout + off),
+                                          nh / 4);
+          barrier();
+        });
+      }
+      for (int blocks : {132}) {
+        for (size_t piece : {size_t(4) << 20}) {
+          for (int prod_share : {2}) {  // producers: blocks / prod_share
+            char name[48];
+            const int producers = blocks / prod_share;
+            std::snprintf(name, sizeof name, "ar fused b%d/%d p%zuK", producers, blocks - producers, piece >> 10);
+            const size_t piece4 = piece / 16, n4 = nh / 4;
+            const unsigned long long per_op = (n4 + piece4 - 1) / piece4 * producers;
+            time_loop(name, bytes, iters, [&] {
+              barrier();
+              fused_ar<<<blocks, 512, 0, s>>>(
+                  reinterpret_cast<const float4*>(in + off), reinterpret_cast<const float4*>(in + poff),
+                  reinterpret_cast<float4*>(pscratch), reinterpret_cast<const float4*>(scratch),
+                  reinterpret_cast<float4*>(out + off), reinterpret_cast<float4*>(pout + off), n4, piece4, producers,
+                  pflags + 2, flags + 2, arrived);
+              CK(cudaGetLastError());
+              arrived += per_op;
+              barrier();
+            });
+            check(name);
+          }
+        }
+      }
+    }
+    CK(cudaFree(wrong));
+    CK(cudaIpcCloseMemHandle(pscratch_v));
+    CK(cudaFree(scratch));
+    std::remove(path);
+    return;
+  }
   // The reduce-scatter half of a two-shot AllReduce alone (the kernel reads the peer's half
   // over NVLink): how the kernel's shape moves it.
   for (size_t bytes : {size_t(64) << 20, size_t(256) << 20}) {
@@ -320,7 +508,7 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
   std::remove(path);
 }
 
-static int child(int me, Shared* sh, bool forms) {
+static int child(int me, Shared* sh, bool forms, bool fused) {
   const int peer = 1 - me;
   CK(cudaSetDevice(me));
   float *in, *out;
@@ -380,9 +568,9 @@ static int child(int me, Shared* sh, bool forms) {
     if (n % 4) reduce2_tail<<<1, 4, 0, s>>>(a + n4 * 4, b + n4 * 4, o + n4 * 4, n % 4);
   };
   time_loop("barrier", 0, 2000, [&] { barrier(); });
-  if (forms) {
+  if (forms || fused) {
     run_forms(me, in, out, static_cast<float*>(pin), static_cast<float*>(pout), flags,
-              static_cast<unsigned long long*>(pflags), s, seq, barrier, time_loop, launch_reduce);
+              static_cast<unsigned long long*>(pflags), s, seq, barrier, time_loop, launch_reduce, fused);
     host_barrier(sh);
     return 0;
   }
@@ -420,6 +608,7 @@ static int child(int me, Shared* sh, bool forms) {
 int main(int argc, char** argv) {
   bool idle_daemon = argc > 1 && std::strcmp(argv[1], "--idle-daemon") == 0;
   bool forms = argc > 1 && std::strcmp(argv[1], "--forms") == 0;
+  bool fused = argc > 1 && std::strcmp(argv[1], "--fused") == 0;
   auto* sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   new (sh) Shared{};
   pid_t idle = -1;
@@ -439,7 +628,7 @@ int main(int argc, char** argv) {
   pid_t kids[2];
   for (int r = 0; r < 2; ++r) {
     kids[r] = fork();
-    if (kids[r] == 0) return child(r, sh, forms);
+    if (kids[r] == 0) return child(r, sh, forms, fused);
   }
   int rc = 0;
   for (pid_t k : kids) {

@@ -32,6 +32,9 @@ class Checker:
         self.count = 0
 
     def report(self, name, ok, detail=""):
+        # The harness reads "SMDDP-CHECK rank name status detail" split on spaces.
+        if not name or any(c.isspace() for c in name):
+            raise ValueError("check name %r must be one word" % name)
         self.count += 1
         if not ok:
             self.failed += 1

@@ -323,7 +323,7 @@ def check_no_context_on_other_gpus():
 
 
 torch.cuda.synchronize()
-chk.run("no CUDA context on another GPU", check_no_context_on_other_gpus)
+chk.run("no_context_on_other_gpus", check_no_context_on_other_gpus)
 dist.barrier()
 rc = chk.finish()
 dist.destroy_process_group()
