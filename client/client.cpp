@@ -493,6 +493,14 @@ void ClientImpl::publish_flag_block(const std::array<std::uint8_t, 64>& handle) 
   slot_.flag_block_published.store(1, std::memory_order_release);
 }
 
+void ClientImpl::release_allocation(std::uint64_t alloc_id) {
+  // One writer at a time (the allocator may free on several threads); the daemon only reads.
+  std::lock_guard lk(release_mu_);
+  const auto i = slot_.released_count.load(std::memory_order_relaxed);
+  slot_.released_ids[i % ipc::kMaxReleased] = alloc_id;
+  slot_.released_count.store(i + 1, std::memory_order_release);
+}
+
 std::optional<std::array<std::uint8_t, 64>> ClientImpl::flag_block_of(int slot) const {
   if (slot < 0 || slot >= local_world_size_) return std::nullopt;
   const auto& s = segment_.slot(slot);

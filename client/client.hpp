@@ -271,6 +271,10 @@ class Client {
   // Publishes the IPC handle of this rank's GPU flag block (ipc::kFlagBlockBytes of device
   // memory: stream flags, then the done flag) for DeviceCall::device_flags requests.
   virtual void publish_flag_block(const std::array<std::uint8_t, 64>& handle) { (void)handle; }
+  // This rank freed the CUDA allocation `alloc_id` (DeviceBuffer::alloc_id) it had exported:
+  // the daemon tells every rank it sent the handle to, which then closes its mapping.
+  // Lock-free and never blocks (torch's allocator calls it with its lock held).
+  virtual void release_allocation(std::uint64_t alloc_id) { (void)alloc_id; }
   // The flag block handle local rank `slot` published, if it did.
   virtual std::optional<std::array<std::uint8_t, 64>> flag_block_of(int slot) const {
     (void)slot;

@@ -119,6 +119,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::pair<std::byte*, std::size_t> arena_region() override { return {arena_.data(), arena_.size()}; }
   void set_arena_release(std::function<void()> release) override;
   void publish_flag_block(const std::array<std::uint8_t, 64>& handle) override;
+  void release_allocation(std::uint64_t alloc_id) override;
   std::optional<std::array<std::uint8_t, 64>> flag_block_of(int slot) const override;
   void set_exec_handler(ExecHandler handler) override;
   void set_failure_handler(std::function<void()> handler) override;
@@ -218,6 +219,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
                          std::uint64_t offset);
   static constexpr std::uint64_t kNoRegion = ~std::uint64_t{0};  // device request without aux
   std::mutex events_mu_;  // export_event may be called from any thread
+  std::mutex release_mu_;  // release_allocation: one writer of the slot's released ids
   ExecHandler exec_handler_;  // guarded by mu_
   std::function<void()> failure_handler_;  // guarded by mu_; run once
   bool failure_reported_ = false;          // guarded by mu_

@@ -255,6 +255,7 @@ bool Daemon::poll_rings(Clock::time_point now) {
       spdlog::info("rank {} registered (pid {}, device {})", slot.rank, slot.pid,
                    slot.device_bus_id[0] ? slot.device_bus_id : "cpu");
     }
+    read_releases(s);
     ipc::RequestDesc d;
     for (int budget = 0; budget < 64; ++budget) {
       const auto r = slot.requests.try_pop(d);
@@ -268,6 +269,32 @@ bool Daemon::poll_rings(Clock::time_point now) {
     }
   }
   return did;
+}
+
+void Daemon::read_releases(int slot) {
+  auto& rs = segment_.slot(slot);
+  auto& read = ranks_[static_cast<std::size_t>(slot)].released_read;
+  const auto count = rs.released_count.load(std::memory_order_acquire);
+  if (count == read) return;
+  constexpr auto kCap = static_cast<std::uint64_t>(ipc::kMaxReleased);
+  if (count - read > kCap) {
+    spdlog::warn("rank {} freed {} CUDA allocations before the daemon read them: the other ranks keep those mapped "
+                 "(and their memory held) until the job ends",
+                 rs.rank, count - read - kCap);
+    read = count - kCap;
+  }
+  for (; read < count; ++read) {
+    const auto id = rs.released_ids[read % kCap];
+    for (int to = 0; to < layout_.nproc_per_node; ++to) {
+      if (handles_sent_.erase({to, slot, id}) == 0) continue;
+      ipc::PlanHandle ph;
+      ph.slot = slot;
+      ph.alloc_id = id;
+      ph.flags = ipc::kPlanHandleReleased;
+      release_notices_[to].push_back(ph);
+    }
+    if (gpu_) gpu_->release_allocation(slot, id);
+  }
 }
 
 void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_point now) {
@@ -473,8 +500,13 @@ std::optional<std::string> Daemon::send_plans(const Match& m) {
   }
   for (int r = 0; r < n; ++r) {
     const Posted& to = m.posted[static_cast<std::size_t>(r)];
-    // The handles of the others' allocations this receiver has not been sent (or that changed).
+    // The allocations freed since this receiver's last plan, then the handles of the others'
+    // allocations it has not been sent (or that changed).
     std::vector<ipc::PlanHandle> fresh;
+    if (auto rn = release_notices_.find(to.slot); rn != release_notices_.end()) {
+      fresh = std::move(rn->second);
+      release_notices_.erase(rn);
+    }
     for (int i = 0; i < n; ++i) {
       if (i == r) continue;
       const Posted& from = m.posted[static_cast<std::size_t>(i)];
@@ -668,6 +700,7 @@ void Daemon::on_rank_exit(const RankExit& ex) {
   std::erase_if(handles_sent_, [&](const auto& e) {
     return std::get<0>(e.first) == ex.local_rank || std::get<1>(e.first) == ex.local_rank;
   });
+  release_notices_.erase(ex.local_rank);
   slot.state.store(static_cast<std::uint32_t>(clean ? ipc::SlotState::Exited : ipc::SlotState::Failed),
                    std::memory_order_release);
   if (clean) {

@@ -80,6 +80,7 @@ class Daemon {
     bool exit_known = true;  // false for attached ranks: we only saw them vanish
     std::uint64_t last_seq = 0;
     std::uint64_t pending = 0;
+    std::uint64_t released_read = 0;  // RankSlot::released_ids read so far
   };
 
   bool poll_rings(Clock::time_point now);
@@ -113,6 +114,11 @@ class Daemon {
   bool push_completion(int slot, const ipc::CompletionDesc& c);
   // Which IPC handle each receiving slot was last sent for (owner slot, allocation id).
   std::map<std::tuple<int, int, std::uint64_t>, std::array<std::uint8_t, ipc::kCudaIpcHandleBytes>> handles_sent_;
+  // Reads the allocations `slot` freed (RankSlot::released_ids): each receiver that was sent
+  // one's handle is told with its next plan (release_notices_), and the daemon's own GPU
+  // executor closes its mappings of it.
+  void read_releases(int slot);
+  std::map<int, std::vector<ipc::PlanHandle>> release_notices_;  // by receiving slot
   std::uint64_t rank_exec_ops_ = 0;
   std::uint64_t fast_ops_ = 0;  // of those, the ranks' fast path (kFlagRankFast)
 

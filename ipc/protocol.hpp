@@ -102,7 +102,8 @@ inline constexpr std::size_t kErrorTextBytes = 960;
 // What a completion carries besides its status (kFlagRankExec requests only use the others).
 enum class CompletionKind : std::uint8_t {
   Final = 0,    // the request is done (or failed: error text)
-  Handles = 1,  // not final: IPC handles of peers' allocations (PlanHandle[]), a plan follows
+  Handles = 1,  // not final: IPC handles of peers' allocations (PlanHandle[]) and the
+                // allocations they freed (kPlanHandleReleased), a plan follows
   Plan = 2,     // final, status Ok: the members' buffers (PlanHeader, PlanMember[])
 };
 
@@ -124,9 +125,11 @@ struct PlanHeader {
   std::uint16_t handles = 0;  // Handles completions: PlanHandle entries that follow
   std::uint16_t reserved = 0;
 };
+// PlanHandle::flags: the owner freed this allocation; close the mapping (no handle bytes).
+inline constexpr std::uint32_t kPlanHandleReleased = 1u << 0;
 struct PlanHandle {
   std::int32_t slot = -1;  // owner of the allocation
-  std::uint32_t reserved = 0;
+  std::uint32_t flags = 0;
   std::uint64_t alloc_id = 0;
   std::uint8_t handle[kCudaIpcHandleBytes] = {};
 };

@@ -26,12 +26,14 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 4;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast
+inline constexpr std::uint32_t kLayoutVersion = 5;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+                                                    // 5: released allocations
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
 inline constexpr int kMaxEvents = 256;
 inline constexpr int kMaxDaemonEvents = 64;
+inline constexpr int kMaxReleased = 256;
 inline constexpr std::size_t kJobIdBytes = 64;
 inline constexpr std::size_t kBusIdBytes = 32;
 
@@ -99,6 +101,13 @@ struct RankSlot {
   std::atomic<std::uint64_t> gpu_ops[kOpTypeCount] = {};
   std::atomic<std::uint64_t> gpu_kernels[kOpTypeCount] = {};
   std::atomic<std::uint64_t> gpu_copies{0};
+  // Rank -> daemon: ids (CU_POINTER_ATTRIBUTE_BUFFER_ID) of exported CUDA allocations the rank
+  // freed. Whoever mapped one must close the mapping: an open mapping keeps the owner's freed
+  // memory held. Id i (i < released_count) is released_ids[i % kMaxReleased]; the rank
+  // writes the id, then bumps the count. The daemon reads them in order and reports those a
+  // writer kMaxReleased ahead of it overwrote.
+  std::atomic<std::uint64_t> released_count{0};
+  std::uint64_t released_ids[kMaxReleased] = {};
 };
 inline constexpr std::size_t kFlagBlockBytes = 4096;  // >= (kMaxEvents + 1) * 8
 static_assert((kMaxEvents + 1) * 8 <= kFlagBlockBytes);

@@ -9,6 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "ipc/segment.hpp"
 #include "torch_plugin/errors.hpp"
@@ -19,6 +22,7 @@
 #endif
 
 #if SMDDP_PLUGIN_CUDA
+#include <torch/version.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -72,6 +76,61 @@ std::string bus_id_of(int dev) {
   }
   return bus;
 }
+
+// torch's allocator calls its trace trackers when it frees a segment (torch >= 2.1); ranks
+// that mapped one of ours must then close the mapping, or its memory stays held on our GPU.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define SMDDP_SEGMENT_TRACE 1
+#else
+#define SMDDP_SEGMENT_TRACE 0
+#endif
+
+// The allocations this process exported, by base address: process-wide, because a tracker
+// cannot be detached from torch's allocator and outlives every process group.
+class ExportedSegments {
+ public:
+  static ExportedSegments& get() {
+    static ExportedSegments s;
+    return s;
+  }
+  void add(std::uintptr_t base, std::uint64_t alloc_id, std::weak_ptr<client::Client> client) {
+    // Attached outside mu_: attaching takes the allocator's locks, under which freed() runs.
+    std::call_once(attached_, [] { attach(); });
+    std::lock_guard lk(mu_);
+    by_base_[base].push_back({alloc_id, std::move(client)});
+  }
+  // Runs with torch's allocator lock held: posts to the client's lock-free release list only.
+  void freed(std::uintptr_t base) {
+    std::vector<Entry> gone;
+    {
+      std::lock_guard lk(mu_);
+      auto it = by_base_.find(base);
+      if (it == by_base_.end()) return;
+      gone.swap(it->second);
+      by_base_.erase(it);
+    }
+    for (const auto& e : gone)
+      if (auto c = e.client.lock()) c->release_allocation(e.alloc_id);
+  }
+
+ private:
+  struct Entry {
+    std::uint64_t alloc_id = 0;
+    std::weak_ptr<client::Client> client;
+  };
+  static void attach() {
+#if SMDDP_SEGMENT_TRACE
+    namespace alloc = c10::cuda::CUDACachingAllocator;
+    alloc::attachAllocatorTraceTracker([](const alloc::TraceEntry& te) {
+      if (te.action_ == alloc::TraceEntry::Action::SEGMENT_FREE)
+        ExportedSegments::get().freed(static_cast<std::uintptr_t>(te.addr_));
+    });
+#endif
+  }
+  std::once_flag attached_;
+  std::mutex mu_;
+  std::map<std::uintptr_t, std::vector<Entry>> by_base_;
+};
 
 }  // namespace
 
@@ -308,6 +367,7 @@ struct CudaPath::Impl {
         x.ok = true;
         x.base = static_cast<std::uintptr_t>(base);
         x.bytes = size;
+        ExportedSegments::get().add(x.base, id, client);
       }
     }
     return exports.emplace(id, std::move(x)).first->second;

@@ -194,7 +194,9 @@ PeerExecutor::~PeerExecutor() {
   }
   for (auto& [key, m] : maps_)
     if (m.ptr) cudaIpcCloseMemHandle(m.ptr);
-  for (void* p : retired_) cudaIpcCloseMemHandle(p);
+  for (void* p : to_close_) cudaIpcCloseMemHandle(p);
+  for (const auto& c : closing_)
+    for (void* p : c.ptrs) cudaIpcCloseMemHandle(p);
   for (auto* f : peer_flags_)
     if (f) cudaIpcCloseMemHandle(f);
   for (auto ev : all_events_) cudaEventDestroy(ev);
@@ -546,11 +548,19 @@ void PeerExecutor::on_completion(std::uint64_t token, const ipc::CompletionDesc&
     const auto h = c.plan_header();
     for (int i = 0; i < h.handles && static_cast<std::size_t>(i) < ipc::kPlanHandlesPerCompletion; ++i) {
       const auto ph = c.plan_handle(i);
+      if (ph.flags & ipc::kPlanHandleReleased) {
+        // The owner freed it: an open mapping would keep that memory held on the owner's GPU.
+        if (auto it = maps_.find({ph.slot, ph.alloc_id}); it != maps_.end()) {
+          if (it->second.ptr) to_close_.push_back(it->second.ptr);
+          maps_.erase(it);
+        }
+        continue;
+      }
       auto& m = maps_[{ph.slot, ph.alloc_id}];
       if (std::memcmp(m.handle.data(), ph.handle, m.handle.size()) == 0) continue;
       // The owner's allocation behind this id changed: GPU work queued earlier may still
-      // read the old mapping, so it is closed only at the end.
-      if (m.ptr) retired_.push_back(m.ptr);
+      // read the old mapping, so it is closed only once that work is done.
+      if (m.ptr) to_close_.push_back(m.ptr);
       m.ptr = nullptr;
       std::memcpy(m.handle.data(), ph.handle, m.handle.size());
     }
@@ -587,6 +597,38 @@ void PeerExecutor::drain() {
     }
     if (p.local.ready) free_events_.push_back(p.local.ready);
   }
+  close_released();
+}
+
+void PeerExecutor::close_released() {
+  if (!to_close_.empty()) {
+    Closing c;
+    c.ptrs.swap(to_close_);
+    c.after = take_event();
+    if (cudaEventRecord(c.after, stream_) != cudaSuccess) {
+      cudaGetLastError();
+      // Without the event: after everything this rank's streams were given so far.
+      cudaStreamSynchronize(stream_);
+      cudaStreamSynchronize(side_);
+      cudaGetLastError();
+      free_events_.push_back(c.after);
+      c.after = nullptr;
+    }
+    closing_.push_back(std::move(c));
+  }
+  std::erase_if(closing_, [this](Closing& c) {
+    if (c.after) {
+      const auto q = cudaEventQuery(c.after);
+      if (q == cudaErrorNotReady) return false;
+      if (q != cudaSuccess) cudaGetLastError();
+      free_events_.push_back(c.after);
+    }
+    for (void* p : c.ptrs) {
+      if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
+      ++stats_.mappings_closed;
+    }
+    return true;
+  });
 }
 
 std::optional<std::string> PeerExecutor::take_error(std::uint64_t token) {

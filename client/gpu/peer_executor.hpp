@@ -85,6 +85,7 @@ struct PeerStats {
   std::uint64_t copies = 0;
   std::uint64_t barriers = 0;
   std::uint64_t mappings = 0;  // peer allocations opened
+  std::uint64_t mappings_closed = 0;  // of those, closed since their owner freed them
 };
 
 class PeerExecutor {
@@ -216,7 +217,15 @@ class PeerExecutor {
   // of each; every member of an op sends and waits as often, in the same order).
   std::vector<std::uint64_t> signals_sent_, signals_waited_;
   std::map<std::pair<int, std::uint64_t>, Mapping> maps_;  // (slot, alloc id)
-  std::vector<void*> retired_;  // mappings replaced while GPU work may still use them
+  // Mappings of allocations their owners freed (or whose id now names other bytes): closed
+  // once the work enqueued before the notice is done, which close_released() checks.
+  std::vector<void*> to_close_;
+  struct Closing {
+    std::vector<void*> ptrs;
+    cudaEvent_t after = nullptr;  // recorded on the main stream (side work joins it in each op)
+  };
+  std::vector<Closing> closing_;
+  void close_released();  // mu_ held
   std::vector<void*> retired_scratch_;
 
   mutable std::mutex mu_;  // everything below, and the members above after construction

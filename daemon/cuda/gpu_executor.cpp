@@ -53,6 +53,12 @@ class GpuExecutorImpl final : public GpuExecutor {
   bool pending() const override { return !deferred_.empty(); }
   void abort_pending() override;
   GpuStats stats() const override { return stats_; }
+  void release_allocation(int slot, std::uint64_t alloc_id) override {
+    auto it = maps_.find({slot, alloc_id});
+    if (it == maps_.end()) return;
+    close(it->second);
+    maps_.erase(it);
+  }
   std::string describe() const override { return description_; }
 
  private:

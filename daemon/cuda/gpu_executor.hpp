@@ -65,6 +65,10 @@ class GpuExecutor {
   // Job failure: writes every promised done value from the CPU, releasing waiting streams.
   virtual void abort_pending() = 0;
 
+  // `slot` freed its allocation `alloc_id`: closes this process's mappings of it. Work on it
+  // is over: the owner frees memory only after its collectives on it completed.
+  virtual void release_allocation(int slot, std::uint64_t alloc_id) = 0;
+
   virtual GpuStats stats() const = 0;
   virtual std::string describe() const = 0;  // "2 GPUs (NVIDIA H200 x2), peer access"
 };

@@ -305,6 +305,58 @@ TEST(DaemonRankExec, HandlesAreSentOncePerAllocationThenOnlyPlans) {
   }
 }
 
+// A rank that frees an allocation it exported (torch's allocator reports it) has it named,
+// kPlanHandleReleased, in the next Handles completion of every rank that was sent its handle,
+// ahead of that rank's next plan, and only once; an allocation never sent to anyone is named to
+// nobody. (Before, the receivers kept such mappings open for the whole job, which kept the
+// owner's freed memory held: 256 MiB more per freed 256 MiB tensor on 2xH200,
+// scripts/diag/ipc_release_probe.py.)
+TEST(DaemonRankExec, AFreedAllocationIsNamedToTheRanksThatMappedIt) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("release");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  {
+    std::vector<WorkPtr> w;
+    w.push_back(ranks[0]->client->world()->device_op(allreduce(10, 0xA0, 100)));
+    w.push_back(ranks[1]->client->world()->device_op(allreduce(11, 0xB1, 101)));
+    wait_all(w);
+    for (auto& r : ranks) r->rec.take();
+  }
+  ranks[0]->client->release_allocation(100);
+  ranks[1]->client->release_allocation(999);  // never exported to anyone
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const std::uint64_t t = 20 + 10 * static_cast<std::uint64_t>(round);
+    std::vector<WorkPtr> w;
+    w.push_back(ranks[0]->client->world()->device_op(allreduce(t, 0xE4, 102)));
+    w.push_back(ranks[1]->client->world()->device_op(allreduce(t + 1, 0xB1, 101)));
+    wait_all(w);
+    auto calls0 = ranks[0]->rec.take();
+    ASSERT_EQ(calls0.size(), 1u) << "rank 0 was told of something";
+    expect_plan(calls0[0], t, 0, {{102, 102}, {101, 101}});
+    auto calls1 = ranks[1]->rec.take();
+    if (round == 1) {
+      ASSERT_EQ(calls1.size(), 1u) << "a release or a handle was sent twice";
+      expect_plan(calls1[0], t + 1, 1, {{102, 102}, {101, 101}});
+      continue;
+    }
+    ASSERT_EQ(calls1.size(), 2u);
+    ASSERT_EQ(calls1[0].c.kind, CompletionKind::Handles);
+    ASSERT_EQ(calls1[0].c.plan_header().handles, 2);
+    const auto released = calls1[0].c.plan_handle(0);
+    EXPECT_EQ(released.slot, 0);
+    EXPECT_EQ(released.alloc_id, 100u);
+    EXPECT_EQ(released.flags, ipc::kPlanHandleReleased);
+    const auto fresh = calls1[0].c.plan_handle(1);
+    EXPECT_EQ(fresh.slot, 0);
+    EXPECT_EQ(fresh.alloc_id, 102u);
+    EXPECT_EQ(fresh.flags, 0u);
+    EXPECT_TRUE(handle_is(fresh, 0xE4));
+    expect_plan(calls1[1], t + 1, 1, {{102, 102}, {101, 101}});
+  }
+}
+
 TEST(DaemonRankExec, SendRecvPlansListSenderThenReceiver) {
   spdlog::set_level(spdlog::level::warn);
   const auto job = unique_job("p2p");

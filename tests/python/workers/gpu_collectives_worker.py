@@ -322,7 +322,31 @@ def check_no_context_on_other_gpus():
     return True if not others else "this rank holds primary CUDA contexts on GPUs %s" % others
 
 
+def check_freed_memory_returns():
+    # A tensor the others mapped (plan path) and this rank then frees must give its memory
+    # back once torch empties its cache: the others close their mappings of it when the
+    # daemon tells them, with their next plan (torch >= 2.1 reports freed segments). Without
+    # that, every round below kept another 256 MiB of this GPU held.
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    dist.barrier()
+    start = torch.cuda.mem_get_info()[0]
+    gone = []
+    for _ in range(6):
+        x = torch.ones(64 << 20, device=dev)  # 256 MiB: a segment of its own
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        del x
+        torch.cuda.empty_cache()
+        dist.barrier()
+        gone.append((start - torch.cuda.mem_get_info()[0]) >> 20)
+    # The last two rounds' tensors may still be mapped (their notices ride on later plans).
+    return True if gone[-1] <= 768 else "GPU memory this rank freed stays held: MiB gone after each round %s" % gone
+
+
 torch.cuda.synchronize()
+if (int(torch.__version__.split(".")[0]), int(torch.__version__.split(".")[1])) >= (2, 1):
+    chk.run("freed_memory_returns", check_freed_memory_returns)
 chk.run("no_context_on_other_gpus", check_no_context_on_other_gpus)
 dist.barrier()
 rc = chk.finish()
