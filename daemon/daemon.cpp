@@ -285,6 +285,7 @@ void Daemon::read_releases(int slot) {
   }
   for (; read < count; ++read) {
     const auto id = rs.released_ids[read % kCap];
+    ++freed_allocations_;
     for (int to = 0; to < layout_.nproc_per_node; ++to) {
       if (handles_sent_.erase({to, slot, id}) == 0) continue;
       ipc::PlanHandle ph;
@@ -809,7 +810,11 @@ nlohmann::json Daemon::gpu_status() const {
                       {"kernel_launches", ranks.kernels},
                       {"copies", ranks.copies},
                       {"kernel_launches_by_op", ranks.kernels_by_op},
-                      {"operations_by_op", ranks.ops_by_op}};
+                      {"operations_by_op", ranks.ops_by_op},
+                      // Other ranks' CUDA allocations each rank was sent the handle of (and may
+                      // have mapped): growing without bound would mean mappings are never released.
+                      {"peer_mappings", handles_sent_.size()},
+                      {"freed_allocations", freed_allocations_}};
   if (!gpu_) {
     j["devices"] = "rank-side execution (each rank runs its part on its own GPU; counts are per rank)";
     return j;

@@ -119,6 +119,7 @@ class Daemon {
   // executor closes its mappings of it.
   void read_releases(int slot);
   std::map<int, std::vector<ipc::PlanHandle>> release_notices_;  // by receiving slot
+  std::uint64_t freed_allocations_ = 0;  // ids the ranks listed as freed
   std::uint64_t rank_exec_ops_ = 0;
   std::uint64_t fast_ops_ = 0;  // of those, the ranks' fast path (kFlagRankFast)
 

@@ -207,6 +207,9 @@ std::string format_status_text(const json& status) {
       if (gpu->contains("fast_path_operations"))
         out << "    rank-side operations: " << text(*gpu, "rank_side_operations") << ", of which fast path "
             << text(*gpu, "fast_path_operations") << " (one kernel each, no plan awaited)\n";
+      if (gpu->contains("peer_mappings"))
+        out << "    peer mappings: " << text(*gpu, "peer_mappings") << " (other ranks' allocations sent to a rank; "
+            << text(*gpu, "freed_allocations") << " freed by their owners and released)\n";
       const json& by_op = gpu->contains("operations_by_op") ? (*gpu)["operations_by_op"] : json::object();
       const json& kernels = gpu->contains("kernel_launches_by_op") ? (*gpu)["kernel_launches_by_op"] : json::object();
       for (auto it = by_op.begin(); it != by_op.end(); ++it) {

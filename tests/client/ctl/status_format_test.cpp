@@ -158,6 +158,19 @@ TEST(Text, FullExample) {
   EXPECT_FALSE(contains(t, "degraded")) << t;
 }
 
+TEST(Text, GpuBlockShowsOperationsAndPeerMappings) {
+  auto s = full_status();
+  s["gpu"] = json::parse(R"({"enabled":true,"devices":"rank-side execution","rank_side_operations":30,
+    "fast_path_operations":20,"kernel_launches":25,"copies":4,"operations_by_op":{"allreduce":30},
+    "kernel_launches_by_op":{"allreduce":25},"peer_mappings":6,"freed_allocations":17})");
+  const auto text = format_status_text(s);
+  EXPECT_TRUE(contains(text, "rank-side operations: 30, of which fast path 20")) << text;
+  EXPECT_TRUE(contains(text, "allreduce: 30 ops, 25 kernel launches (0.83 per op)")) << text;
+  EXPECT_TRUE(contains(text, "peer mappings: 6 (other ranks' allocations sent to a rank; 17 freed")) << text;
+  s["gpu"] = json::parse(R"({"enabled":false,"why":"no CUDA"})");
+  EXPECT_TRUE(contains(format_status_text(s), "gpu:           off (no CUDA)"));
+}
+
 TEST(Text, RankTableColumnsLineUp) {
   json s = full_status();
   s["ranks"][1]["pid"] = 1234567;
