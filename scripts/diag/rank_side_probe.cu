@@ -136,6 +136,59 @@ __global__ void fused_ar(const float4* mine, const float4* theirs, float4* pscra
     }
   }
 }
+// --fused, "ar stream": one-shot AllReduce whose only NVLink traffic is copy-engine writes.
+// Piece a (numbered over every op) of this rank's input goes, on copy stream a % 2, into
+// slot a % R of the peer's scratch ring once the peer credited that slot (word 24 + slot >=
+// a-R+1: per slot, since the pieces of one slot finish in order but those of two may not),
+// then the stream writes a+1 into the peer's arrival word for a's parity (8 or 11: two
+// streams, each word written in order). One kernel per op waits for each piece in its own
+// memory (and, in place, for this rank's own push of it: local words 10/12), reduces it from
+// local memory, and its last block to finish a piece (words 16 + slot count the blocks done)
+// credits the slot back (peer's word 24 + slot).
+// No barrier: nothing of the peer's is read, and the credits order the reuse of the ring.
+struct SlotBases {
+  unsigned long long v[8];
+};
+__global__ void stream_reduce(const float4* in, const float4* ring, float4* out, size_t n4, size_t piece4,
+                              int slots, unsigned long long base, const unsigned long long* arrived_even,
+                              const unsigned long long* arrived_odd, const unsigned long long* pushed_even,
+                              const unsigned long long* pushed_odd, unsigned long long* slot_done,
+                              SlotBases done_base, unsigned long long* peer_credit) {
+  const size_t pieces = (n4 + piece4 - 1) / piece4;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t p = 0; p < pieces; ++p) {
+    const unsigned long long a = base + p;
+    if (threadIdx.x == 0) {
+      const unsigned long long* arr = (a & 1) ? arrived_odd : arrived_even;
+      while (ld_acquire_sys(arr) < a + 1) {
+      }
+      if (pushed_even) {
+        const unsigned long long* pu = (a & 1) ? pushed_odd : pushed_even;
+        while (ld_acquire_sys(pu) < a + 1) {
+        }
+      }
+    }
+    __syncthreads();
+    const size_t lo = p * piece4, hi = min(n4, lo + piece4);
+    const float4* slot = ring + (a % slots) * piece4;
+    for (size_t i = lo + blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < hi; i += stride) {
+      const float4 x = in[i], y = __ldcg(slot + (i - lo));
+      out[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // Blocks finished with this slot so far: every block of each earlier piece in it (a
+      // piece R later can only start once this one is credited, so counts never interleave).
+      const int k = static_cast<int>(a % slots);
+      __threadfence();
+      const unsigned long long before = atomicAdd(slot_done + k, 1ull);
+      if (before == done_base.v[k] + (p / slots + 1) * gridDim.x - 1) {
+        __threadfence_system();
+        asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(peer_credit + k), "l"(a + 1) : "memory");
+      }
+    }
+  }
+}
 __global__ void sm_copy(const float4* src, float4* dst, size_t n4) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x)
     dst[i] = src[i];
@@ -242,6 +295,8 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
     CK(cudaMallocManaged(&wrong, sizeof *wrong));
     unsigned long long arrived = 0;  // what this rank's word 2 has counted so far
     unsigned long long pushed = 0;  // what this rank's word 3 has counted so far
+    unsigned long long stream_pieces = 0;  // "ar stream": pieces so far
+    SlotBases slot_done{};                 // and, by ring slot (word 16 + slot), blocks done
     for (size_t bytes : {size_t(8) << 20, size_t(16) << 20, size_t(32) << 20, size_t(64) << 20, size_t(256) << 20, kMax}) {
       const int iters = bytes <= (size_t(64) << 20) ? 60 : bytes <= (size_t(256) << 20) ? 25 : 10;
       const size_t n = bytes / 4, nh = n / 2, off = me * nh, poff = peer * nh;  // even halves
@@ -316,6 +371,67 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
           }
           check(name);
           barrier();
+        }
+      }
+      // "ar stream" (see stream_reduce): words 8/11 arrivals, 10/12 own pushes, 16-23 blocks
+      // done by slot, 24-31 credits by slot.
+      for (bool in_place : {false, true}) {
+        for (size_t piece : {size_t(2) << 20, size_t(4) << 20, size_t(8) << 20}) {
+          for (int slots : {4}) {
+            for (int blocks : {32, 132}) {
+              if (piece * slots > kMax) continue;
+              char name[56];
+              std::snprintf(name, sizeof name, "ar stream p%zuK r%d b%d%s", piece >> 10, slots, blocks,
+                            in_place ? " inpl" : "");
+              float* dst = in_place ? in : out;
+              const size_t piece4 = piece / 16, n4 = n / 4, pieces = (n4 + piece4 - 1) / piece4;
+              const unsigned long long variant_start = stream_pieces;
+              const auto body = [&] {
+                // The kernel first: a copy stream blocked on a credit may share a hardware queue
+                // with s, and the kernel behind it there would never start (call 6 hung so).
+                CK(cudaEventRecord(fork, s));
+                stream_reduce<<<blocks, 512, 0, s>>>(
+                    reinterpret_cast<const float4*>(in), reinterpret_cast<const float4*>(scratch),
+                    reinterpret_cast<float4*>(dst), n4, piece4, slots, stream_pieces, flags + 8, flags + 11,
+                    in_place ? flags + 10 : nullptr, in_place ? flags + 12 : nullptr, flags + 16, slot_done,
+                    pflags + 24);
+                CK(cudaGetLastError());
+                for (int j = 0; j < 2; ++j) CK(cudaStreamWaitEvent(side[j], fork, 0));
+                for (size_t p = 0; p < pieces; ++p) {
+                  const unsigned long long a = stream_pieces + p;
+                  cudaStream_t cs = side[a & 1];
+                  CUstream cu = reinterpret_cast<CUstream>(cs);
+                  // Pieces before this variant's first are all consumed (its runs start drained).
+                  if (a >= variant_start + static_cast<unsigned long long>(slots))
+                    CU(cuStreamWaitValue64(cu, reinterpret_cast<CUdeviceptr>(flags + 24 + a % slots), a - slots + 1,
+                                           CU_STREAM_WAIT_VALUE_GEQ));
+                  const size_t len = std::min(piece4, n4 - p * piece4) * 16;
+                  CK(cudaMemcpyAsync(reinterpret_cast<char*>(pscratch) + (a % slots) * piece,
+                                     reinterpret_cast<const char*>(in) + p * piece, len, cudaMemcpyDeviceToDevice, cs));
+                  CU(cuStreamWriteValue64(cu, reinterpret_cast<CUdeviceptr>(pflags + ((a & 1) ? 11 : 8)), a + 1,
+                                          CU_STREAM_WRITE_VALUE_DEFAULT));
+                  if (in_place)
+                    CU(cuStreamWriteValue64(cu, reinterpret_cast<CUdeviceptr>(flags + ((a & 1) ? 12 : 10)), a + 1,
+                                            CU_STREAM_WRITE_VALUE_DEFAULT));
+                }
+                for (size_t p = 0; p < pieces; ++p) slot_done.v[(stream_pieces + p) % slots] += blocks;
+                stream_pieces += pieces;
+                for (int j = 0; j < 2; ++j) {
+                  CK(cudaEventRecord(join[j], side[j]));
+                  CK(cudaStreamWaitEvent(s, join[j], 0));
+                }
+              };
+              time_loop(name, bytes, iters, body);
+              if (in_place) {
+                fill_rank<<<264, 512, 0, s>>>(in, n, me);
+                barrier();  // the peer's input is fresh too
+                body();
+                CK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, s));
+                fill_rank<<<264, 512, 0, s>>>(in, n, me);
+              }
+              check(name);
+            }
+          }
         }
       }
       for (int blocks : {132}) {
