@@ -1,5 +1,7 @@
 #include "daemon/daemon.hpp"
 
+#include "daemon/alltoall_splits.hpp"
+
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
@@ -499,6 +501,19 @@ std::optional<std::string> Daemon::send_plans(const Match& m) {
     pm.out = ref(d.output);
     final_c.set_plan_member(i, pm);
   }
+  // Uneven AllToAll: every member's blocks, from all the split tables, which must agree.
+  SplitTables splits;
+  if (m.posted.front().desc.op == OpType::AllToAll && (m.posted.front().desc.flags & ipc::kFlagSplits)) {
+    std::vector<std::uint64_t> in_bytes, out_bytes;
+    for (const Posted& p : m.posted) {
+      splits.push_back(host_.read_aux<std::int64_t>(p, 2 * static_cast<std::size_t>(n)));
+      in_bytes.push_back(p.desc.input.bytes);
+      out_bytes.push_back(p.desc.output.bytes);
+    }
+    if (auto bad = check_split_tables(splits, ipc::dtype_size(m.posted.front().desc.dtype), in_bytes, out_bytes))
+      return "smddp " + op + ": " + *bad;
+    plan.flags |= ipc::kPlanSplits;
+  }
   for (int r = 0; r < n; ++r) {
     const Posted& to = m.posted[static_cast<std::size_t>(r)];
     // The allocations freed since this receiver's last plan, then the handles of the others'
@@ -546,6 +561,17 @@ std::optional<std::string> Daemon::send_plans(const Match& m) {
     c.kind = ipc::CompletionKind::Plan;
     plan.me = static_cast<std::uint16_t>(r);
     c.set_plan_header(plan);
+    if (!splits.empty()) {
+      const auto ur = static_cast<std::size_t>(r);
+      for (std::size_t q = 0; q < splits.size(); ++q) {
+        ipc::PlanSplit x;
+        x.send = static_cast<std::uint64_t>(splits[ur][q]);
+        x.send_dst = recv_offset(splits, q, ur);
+        x.recv = static_cast<std::uint64_t>(splits[q][ur]);
+        x.recv_src = send_offset(splits, q, ur);
+        c.set_plan_split(static_cast<int>(q), x);
+      }
+    }
     auto& info = ranks_[static_cast<std::size_t>(to.slot)];
     if (info.pending) --info.pending;
     if (!push_completion(to.slot, c)) return std::nullopt;

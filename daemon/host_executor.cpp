@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "daemon/alltoall_splits.hpp"
 #include "daemon/executor/host_reduce.hpp"
 #include "ipc/types.hpp"
 
@@ -144,31 +145,19 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
       }
       // Split tables: aux holds n send counts then n receive counts (elements).
       const auto un = static_cast<std::size_t>(n);
-      std::vector<std::vector<std::int64_t>> tab(un);
+      SplitTables tab(un);
       for (std::size_t r = 0; r < un; ++r) tab[r] = read_aux<std::int64_t>(ps[r], 2 * un);
-      for (std::size_t r = 0; r < un; ++r) {
-        std::uint64_t sent = 0, recvd = 0;
-        for (std::size_t q = 0; q < un; ++q) {
-          if (tab[r][q] < 0 || tab[r][un + q] < 0) return "rank " + std::to_string(r) + " gave a negative split";
-          if (tab[r][q] != tab[q][un + r])
-            return "alltoall split mismatch: rank " + std::to_string(r) + " sends " + std::to_string(tab[r][q]) +
-                   " elements to rank " + std::to_string(q) + ", which expects " + std::to_string(tab[q][un + r]);
-          sent += static_cast<std::uint64_t>(tab[r][q]);
-          recvd += static_cast<std::uint64_t>(tab[r][un + q]);
-        }
-        if (sent * e != ps[r].desc.input.bytes || recvd * e != ps[r].desc.output.bytes)
-          return "alltoall splits of rank " + std::to_string(r) + " do not add up to its tensor sizes";
+      std::vector<std::uint64_t> in_bytes, out_bytes;
+      for (const auto& p : ps) {
+        in_bytes.push_back(p.desc.input.bytes);
+        out_bytes.push_back(p.desc.output.bytes);
       }
+      if (auto bad = check_split_tables(tab, e, in_bytes, out_bytes)) return *bad;
       pool_.parallel_for(n, [&](int r) {
         const auto ur = static_cast<std::size_t>(r);
-        std::uint64_t dst_off = 0;
-        for (std::size_t q = 0; q < un; ++q) {
-          std::uint64_t src_off = 0;
-          for (std::size_t k = 0; k < ur; ++k) src_off += static_cast<std::uint64_t>(tab[q][k]);
-          const auto len = static_cast<std::uint64_t>(tab[q][ur]);
-          move_bytes(out(ps[ur]) + dst_off * e, in(ps[q]) + src_off * e, len * e);
-          dst_off += len;
-        }
+        for (std::size_t q = 0; q < un; ++q)
+          move_bytes(out(ps[ur]) + recv_offset(tab, ur, q) * e, in(ps[q]) + send_offset(tab, q, ur) * e,
+                     static_cast<std::uint64_t>(tab[q][ur]) * e);
       });
       for (std::size_t r = 0; r < un; ++r) bytes += ps[r].desc.output.bytes;
       break;

@@ -119,11 +119,22 @@ struct PlanMember {
   std::uint32_t reserved = 0;
   PlanRef in, out;
 };
+// PlanHeader::flags: an uneven AllToAll; a PlanSplit per member follows the members.
+inline constexpr std::uint16_t kPlanSplits = 1u << 0;
 struct PlanHeader {
   std::uint16_t members = 0;  // PlanMember entries that follow, by group rank (p2p: send, recv)
   std::uint16_t me = 0;       // the receiver's index among them
   std::uint16_t handles = 0;  // Handles completions: PlanHandle entries that follow
-  std::uint16_t reserved = 0;
+  std::uint16_t flags = 0;
+};
+// Uneven AllToAll (kPlanSplits), for the receiver r and member q, in elements: r's block for q
+// (its length, and where it goes in q's output) and q's block for r (its length, and where it
+// starts in q's input). The daemon derives them from every member's split table.
+struct PlanSplit {
+  std::uint64_t send = 0;      // r -> q
+  std::uint64_t send_dst = 0;  // offset of that block in q's output
+  std::uint64_t recv = 0;      // q -> r
+  std::uint64_t recv_src = 0;  // offset of that block in q's input
 };
 // PlanHandle::flags: the owner freed this allocation; close the mapping (no handle bytes).
 inline constexpr std::uint32_t kPlanHandleReleased = 1u << 0;
@@ -134,7 +145,8 @@ struct PlanHandle {
   std::uint8_t handle[kCudaIpcHandleBytes] = {};
 };
 inline constexpr std::size_t kPlanHandlesPerCompletion = (kErrorTextBytes - sizeof(PlanHeader)) / sizeof(PlanHandle);
-static_assert(sizeof(PlanHeader) + kPlanMaxMembers * sizeof(PlanMember) <= kErrorTextBytes);
+inline constexpr std::size_t kPlanSplitsOffset = sizeof(PlanHeader) + kPlanMaxMembers * sizeof(PlanMember);
+static_assert(kPlanSplitsOffset + kPlanMaxMembers * sizeof(PlanSplit) <= kErrorTextBytes);
 
 struct CompletionDesc {
   std::uint64_t request_id = 0;
@@ -169,6 +181,14 @@ struct CompletionDesc {
   }
   void set_plan_member(int i, const PlanMember& m) noexcept {
     std::memcpy(error + sizeof(PlanHeader) + static_cast<std::size_t>(i) * sizeof m, &m, sizeof m);
+  }
+  PlanSplit plan_split(int i) const noexcept {
+    PlanSplit x;
+    std::memcpy(&x, error + kPlanSplitsOffset + static_cast<std::size_t>(i) * sizeof x, sizeof x);
+    return x;
+  }
+  void set_plan_split(int i, const PlanSplit& x) noexcept {
+    std::memcpy(error + kPlanSplitsOffset + static_cast<std::size_t>(i) * sizeof x, &x, sizeof x);
   }
   PlanHandle plan_handle(int i) const noexcept {
     PlanHandle h;

@@ -171,7 +171,6 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
   if (r.flags & kFlagRankExec) {
     if (!device) return bad("rank-side GPU execution of a host request");
     if (r.flags & (kFlagStreamValue | kFlagDaemonCpuWait)) return bad("rank-side GPU execution with daemon-side flags");
-    if (r.op == OpType::AllToAll && (r.flags & kFlagSplits)) return bad("rank-side GPU execution of alltoall with splits");
   }
   return std::nullopt;
 }

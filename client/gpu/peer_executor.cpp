@@ -580,6 +580,8 @@ void PeerExecutor::on_completion(std::uint64_t token, const ipc::CompletionDesc&
   p.header = c.plan_header();
   const int n = std::min<int>(p.header.members, ipc::kPlanMaxMembers);
   for (int i = 0; i < n; ++i) p.members.push_back(c.plan_member(i));
+  if (p.header.flags & ipc::kPlanSplits)
+    for (int i = 0; i < n; ++i) p.splits.push_back(c.plan_split(i));
   ready_.push_back(std::move(p));
 }
 
@@ -832,6 +834,7 @@ void PeerExecutor::run(const Plan& p) {
   a.twoshot = twoshot_form();
   a.copy_push = copy_push();
   a.pipeline_bytes = twoshot_piece_bytes();
+  for (const auto& x : p.splits) a.splits.push_back({x.send, x.send_dst, x.recv, x.recv_src});
   dry_error_.clear();
   try {
     for (int i = 0; i < n; ++i) {

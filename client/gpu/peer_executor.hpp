@@ -158,6 +158,7 @@ class PeerExecutor {
     LocalOp local;
     ipc::PlanHeader header;
     std::vector<ipc::PlanMember> members;
+    std::vector<ipc::PlanSplit> splits;  // an uneven AllToAll: by member
   };
   struct Mapping {
     std::array<std::uint8_t, ipc::kCudaIpcHandleBytes> handle{};

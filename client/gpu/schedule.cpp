@@ -157,6 +157,33 @@ std::optional<std::vector<Step>> schedule(const ScheduleArgs& a, std::string& wh
       // Block i of every output comes from rank i (AllGather: its input; AllToAll: its block
       // for that rank). This rank's own block moves beside the others (another copy engine).
       const bool gather = a.op == OpType::AllGather;
+      if (!a.splits.empty()) {
+        // Uneven: this rank's blocks lie in its input, and the others' in its output, in rank order.
+        const auto sent_before = [&](int i) {
+          std::uint64_t off = 0;
+          for (int k = 0; k < i; ++k) off += a.splits[static_cast<std::size_t>(k)].send;
+          return off * e;
+        };
+        const auto received_before = [&](int i) {
+          std::uint64_t off = 0;
+          for (int k = 0; k < i; ++k) off += a.splits[static_cast<std::size_t>(k)].recv;
+          return off * e;
+        };
+        b.barrier();
+        b.copy(at(my_out, received_before(me)), at(my_in, sent_before(me)), a.splits[m].send * e, Kind::CopyBeside);
+        for (int i = 0; i < n; ++i) {
+          if (i == me) continue;
+          const auto u = static_cast<std::size_t>(i);
+          const Split& x = a.splits[u];
+          if (a.copy_push)
+            b.copy(at(a.out[u], x.send_dst * e), at(my_in, sent_before(i)), x.send * e);
+          else
+            b.copy(at(my_out, received_before(i)), at(a.in[u], x.recv_src * e), x.recv * e);
+        }
+        b.join();
+        b.barrier();
+        break;
+      }
       b.barrier();
       b.copy(at(my_out, block(me)), gather ? my_in : at(my_in, block(me)), a.count * e, Kind::CopyBeside);
       for (int i = 0; i < n; ++i) {

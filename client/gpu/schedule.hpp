@@ -53,6 +53,12 @@ struct Step {
 // writing (Push), the others' copy engines reading (Pull), or its reduction kernel (Kernel).
 enum class TwoShot { Push, Pull, Kernel };
 
+// Uneven AllToAll, for this rank r and member q (elements): r's block for q and where it goes
+// in q's output; q's block for r and where it starts in q's input (ipc::PlanSplit).
+struct Split {
+  std::uint64_t send = 0, send_dst = 0, recv = 0, recv_src = 0;
+};
+
 struct ScheduleArgs {
   ipc::OpType op = ipc::OpType::AllReduce;
   ipc::DType dtype = ipc::DType::Float32;
@@ -66,6 +72,7 @@ struct ScheduleArgs {
   std::uint64_t oneshot_max = 0;  // AllReduce up to this many bytes runs one-shot
   TwoShot twoshot = TwoShot::Pull;  // pieces (below) pull whatever it says
   bool copy_push = false;            // AllGather and AllToAll: copy engines write into the others
+  std::vector<Split> splits;  // by member: an uneven AllToAll (count unused); empty: even
 
   // Two-shot pull AllReduce in pieces of about this many bytes per rank's chunk (at most 8):
   // the copies of piece j run on the side stream beside the reduction of piece j+1. 0: one piece.

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 #include <stdexcept>
 
+#include "daemon/alltoall_splits.hpp"
 #include "daemon/cuda/device_kernels.hpp"
 
 namespace smddp::daemon::cuda {
@@ -552,33 +553,20 @@ std::optional<std::string> GpuExecutorImpl::run(const Match& m, std::vector<Done
         break;
       }
       // Split tables (validated bounds, in the arena): n send counts then n receive counts.
-      std::vector<std::vector<std::int64_t>> tab(n, std::vector<std::int64_t>(2 * n));
-      for (std::size_t r = 0; r < n; ++r)
-        std::memcpy(tab[r].data(), seg_.arena(ps[r].slot).data() + ps[r].desc.aux.offset, 2 * n * sizeof(std::int64_t));
+      SplitTables tab(n, std::vector<std::int64_t>(2 * n));
+      std::vector<std::uint64_t> in_bytes, out_bytes;
       for (std::size_t r = 0; r < n; ++r) {
-        std::uint64_t sent = 0, recvd = 0;
-        for (std::size_t q = 0; q < n; ++q) {
-          if (tab[r][q] < 0 || tab[r][n + q] < 0) return "rank " + std::to_string(r) + " gave a negative split";
-          if (tab[r][q] != tab[q][n + r])
-            return "alltoall split mismatch: rank " + std::to_string(r) + " sends " + std::to_string(tab[r][q]) +
-                   " elements to rank " + std::to_string(q) + ", which expects " + std::to_string(tab[q][n + r]);
-          sent += static_cast<std::uint64_t>(tab[r][q]);
-          recvd += static_cast<std::uint64_t>(tab[r][n + q]);
-        }
-        if (sent * e != ps[r].desc.input.bytes || recvd * e != ps[r].desc.output.bytes)
-          return "alltoall splits of rank " + std::to_string(r) + " do not add up to its tensor sizes";
+        std::memcpy(tab[r].data(), seg_.arena(ps[r].slot).data() + ps[r].desc.aux.offset, 2 * n * sizeof(std::int64_t));
+        in_bytes.push_back(ps[r].desc.input.bytes);
+        out_bytes.push_back(ps[r].desc.output.bytes);
       }
-      for (std::size_t q = 0; q < n; ++q) {
-        std::uint64_t src_off = 0;
+      if (auto bad = check_split_tables(tab, e, in_bytes, out_bytes)) return *bad;
+      for (std::size_t q = 0; q < n; ++q)
         for (std::size_t r = 0; r < n; ++r) {
-          std::uint64_t dst_off = 0;
-          for (std::size_t k = 0; k < q; ++k) dst_off += static_cast<std::uint64_t>(tab[r][n + k]);
           const auto len = static_cast<std::uint64_t>(tab[q][r]) * e;
-          if (len) copy(out(r, dev[q]) + dst_off * e, in(q, dev[q]) + src_off, len, dev[q]);
-          src_off += len;
+          if (len) copy(out(r, dev[q]) + recv_offset(tab, r, q) * e, in(q, dev[q]) + send_offset(tab, q, r) * e, len, dev[q]);
           bytes += len;
         }
-      }
       break;
     }
     case OpType::Send:

@@ -357,6 +357,75 @@ TEST(DaemonRankExec, AFreedAllocationIsNamedToTheRanksThatMappedIt) {
   }
 }
 
+// Rank r's uneven alltoall (float32): sends[q] elements to rank q, recvs[q] from it.
+DeviceCall alltoallv(std::uint64_t token, std::uint8_t fill, std::uint64_t alloc_id, std::vector<std::uint64_t> sends,
+                     std::vector<std::uint64_t> recvs) {
+  std::uint64_t in = 0, out = 0;
+  for (auto v : sends) in += v;
+  for (auto v : recvs) out += v;
+  DeviceCall c;
+  c.op = OpType::AllToAll;
+  c.dtype = DType::Float32;
+  c.input = fake_buffer(fill, alloc_id, in * 4);
+  c.output = fake_buffer(fill, alloc_id + 1000, out * 4);
+  c.splits = sends;
+  c.splits.insert(c.splits.end(), recvs.begin(), recvs.end());
+  c.rank_exec = true;
+  c.exec_token = token;
+  return c;
+}
+
+// An uneven AllToAll runs rank-side too: the daemon checks the members' split tables against
+// each other and sends each member, per peer, its block's length and place in the peer's
+// output, and the peer's block's length and place in the peer's input. Tables that disagree
+// fail every member, naming the ranks. (Before, uneven AllToAll on CUDA tensors ran in the
+// daemon, whose GPU contexts time-slice with the ranks'.)
+TEST(DaemonRankExec, UnevenAllToAllPlansCarryEveryBlock) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("a2av");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  // Rank 0 sends 3 to itself and 5 to rank 1; rank 1 sends 7 to rank 0 and 0 to itself.
+  {
+    std::vector<WorkPtr> w;
+    w.push_back(ranks[0]->client->world()->device_op(alltoallv(10, 0xA0, 100, {3, 5}, {3, 7})));
+    w.push_back(ranks[1]->client->world()->device_op(alltoallv(11, 0xB1, 101, {7, 0}, {5, 0})));
+    wait_all(w);
+    const ipc::PlanSplit want[2][2] = {
+        // rank 0: to itself 3 at 0 of its output, from itself 3 at 0; to rank 1: 5 at 0 of rank
+        // 1's output, from rank 1: 7 at 0 of rank 1's input.
+        {{3, 0, 3, 0}, {5, 0, 7, 0}},
+        // rank 1: to rank 0: 7 at 3 of rank 0's output, from rank 0: 5 at 3 of rank 0's input;
+        // to itself nothing, at 5 of its output, from 7 of its input.
+        {{7, 3, 5, 3}, {0, 5, 0, 7}},
+    };
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      EXPECT_EQ(w[static_cast<std::size_t>(r)]->status(), Status::Ok);
+      const auto calls = ranks[static_cast<std::size_t>(r)]->rec.take();
+      ASSERT_FALSE(calls.empty());
+      const auto& plan = calls.back().c;
+      ASSERT_EQ(plan.kind, CompletionKind::Plan);
+      EXPECT_TRUE(plan.plan_header().flags & ipc::kPlanSplits);
+      for (int q = 0; q < 2; ++q) {
+        const auto x = plan.plan_split(q);
+        const auto& y = want[r][q];
+        EXPECT_EQ(x.send, y.send) << "member " << q;
+        EXPECT_EQ(x.send_dst, y.send_dst) << "member " << q;
+        EXPECT_EQ(x.recv, y.recv) << "member " << q;
+        EXPECT_EQ(x.recv_src, y.recv_src) << "member " << q;
+      }
+    }
+  }
+  // Rank 1 expects 4 from rank 0, which sends 5.
+  {
+    std::vector<WorkPtr> w;
+    w.push_back(ranks[0]->client->world()->device_op(alltoallv(20, 0xA0, 100, {3, 5}, {3, 7})));
+    w.push_back(ranks[1]->client->world()->device_op(alltoallv(21, 0xB1, 101, {7, 0}, {4, 0})));
+    for (const auto& x : w) expect_mismatch(x, "rank 0 sends 5 elements to rank 1, which expects 4");
+  }
+}
+
 TEST(DaemonRankExec, SendRecvPlansListSenderThenReceiver) {
   spdlog::set_level(spdlog::level::warn);
   const auto job = unique_job("p2p");

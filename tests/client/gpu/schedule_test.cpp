@@ -65,12 +65,14 @@ struct Case {
   TwoShot twoshot = TwoShot::Pull;
   std::uint64_t pipeline_bytes = 0;
   bool copy_push = false;
+  // Uneven AllToAll: sends[r][q] elements from rank r to rank q (count unused); empty: even.
+  std::vector<std::vector<std::uint64_t>> sends;
   std::string name() const {
     return std::string(ipc::to_string(op)) + " " + std::string(ipc::to_string(dtype)) + " count " +
            std::to_string(count) + " n " + std::to_string(n) + " root " + std::to_string(root) +
            (in_place ? " in-place" : "") + " oneshot_max " + std::to_string(oneshot_max) + " twoshot " +
            (twoshot == TwoShot::Push ? "push" : twoshot == TwoShot::Pull ? "pull" : "kernel") + " pipeline_bytes " +
-           std::to_string(pipeline_bytes) + (copy_push ? " copy_push" : "");
+           std::to_string(pipeline_bytes) + (copy_push ? " copy_push" : "") + (sends.empty() ? "" : " uneven");
   }
 };
 
@@ -89,7 +91,10 @@ class Sim {
         case OpType::ReduceScatter: in_bytes = all; out_bytes = one; break;
         case OpType::Reduce: in_bytes = one; out_bytes = root ? one : 0; break;
         case OpType::AllGather: in_bytes = c.in_place ? 0 : one; out_bytes = all; break;
-        case OpType::AllToAll: in_bytes = all; out_bytes = all; break;
+        case OpType::AllToAll:
+          in_bytes = c.sends.empty() ? all : sent(r, n_) * e_;
+          out_bytes = c.sends.empty() ? all : received(r, n_) * e_;
+          break;
         case OpType::Broadcast: in_bytes = root ? one : 0; out_bytes = root ? 0 : one; break;
         case OpType::Gather: in_bytes = one; out_bytes = root ? all : 0; break;
         case OpType::Scatter: in_bytes = root ? all : 0; out_bytes = one; break;
@@ -118,8 +123,21 @@ class Sim {
       if (ins_[r]) inputs_before_[r].assign(ins_[r], ins_[r] + input_bytes(r));
   }
 
+  // Uneven AllToAll: elements rank r sends to ranks [0, q), and receives from them.
+  std::uint64_t sent(std::size_t r, std::size_t q) const {
+    std::uint64_t v = 0;
+    for (std::size_t k = 0; k < q; ++k) v += c_.sends[r][k];
+    return v;
+  }
+  std::uint64_t received(std::size_t r, std::size_t q) const {
+    std::uint64_t v = 0;
+    for (std::size_t k = 0; k < q; ++k) v += c_.sends[k][r];
+    return v;
+  }
+
   std::uint64_t input_bytes(std::size_t r) const {
     const std::uint64_t one = c_.count * e_;
+    if (c_.op == OpType::AllToAll && !c_.sends.empty()) return sent(r, n_) * e_;
     switch (c_.op) {
       case OpType::ReduceScatter:
       case OpType::AllToAll: return one * n_;
@@ -145,6 +163,16 @@ class Sim {
       a.twoshot = c_.twoshot;
       a.pipeline_bytes = c_.pipeline_bytes;
       a.copy_push = c_.copy_push;
+      if (!c_.sends.empty())
+        // What the daemon derives from the members' tables (daemon/alltoall_splits.hpp).
+        for (std::size_t q = 0; q < n_; ++q) {
+          std::uint64_t dst = 0, src = 0;
+          for (std::size_t k = 0; k < r; ++k) {
+            dst += c_.sends[k][q];
+            src += c_.sends[q][k];
+          }
+          a.splits.push_back({c_.sends[r][q], dst, c_.sends[q][r], src});
+        }
       scratch_[r].resize(needs_scratch(a));
       a.scratch = scratch_[r].empty() ? nullptr : scratch_[r].data();
       std::string why;
@@ -364,9 +392,12 @@ class Sim {
         for (std::size_t q = 0; q < n_; ++q) v.insert(v.end(), inputs_before_[q].begin(), inputs_before_[q].end());
         return v;
       case OpType::AllToAll:
-        for (std::size_t q = 0; q < n_; ++q)
-          v.insert(v.end(), inputs_before_[q].begin() + static_cast<std::ptrdiff_t>(r * one),
-                   inputs_before_[q].begin() + static_cast<std::ptrdiff_t>((r + 1) * one));
+        for (std::size_t q = 0; q < n_; ++q) {
+          const std::uint64_t from = c_.sends.empty() ? r * one : sent(q, r) * e_;
+          const std::uint64_t len = c_.sends.empty() ? one : c_.sends[q][r] * e_;
+          v.insert(v.end(), inputs_before_[q].begin() + static_cast<std::ptrdiff_t>(from),
+                   inputs_before_[q].begin() + static_cast<std::ptrdiff_t>(from + len));
+        }
         return v;
       case OpType::Broadcast: return inputs_before_[root];
       case OpType::Gather:
@@ -386,6 +417,7 @@ class Sim {
     const std::uint64_t one = c_.count * e_;
     std::uint64_t bytes = one;
     if (c_.op == OpType::AllGather || c_.op == OpType::AllToAll || c_.op == OpType::Gather) bytes = one * n_;
+    if (c_.op == OpType::AllToAll && !c_.sends.empty()) bytes = received(r, n_) * e_;
     return {outs_[r], outs_[r] + bytes};
   }
 
@@ -483,6 +515,34 @@ TEST(GpuSchedule, AllGatherInAndOutOfPlaceAndAllToAllPulledAndPushed) {
           check({OpType::AllToAll, t, count, n, 0, false, 1 << 20, TwoShot::Pull, 0, copy_push});
         }
       }
+}
+
+TEST(GpuSchedule, UnevenAllToAllPulledAndPushed) {
+  // Split tables as MoE routing makes them: random, with empty blocks, a rank that sends
+  // nothing, one that receives nothing, and a rank's block to itself.
+  std::uint64_t seed = 12345;
+  const auto next = [&seed] {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return seed >> 33;
+  };
+  for (int n = 1; n <= 8; ++n)
+    for (int pattern = 0; pattern < 4; ++pattern)
+      for (auto t : kTypes)
+        for (bool copy_push : {false, true}) {
+          const auto un = static_cast<std::size_t>(n);
+          std::vector<std::vector<std::uint64_t>> sends(un, std::vector<std::uint64_t>(un));
+          for (std::size_t r = 0; r < un; ++r)
+            for (std::size_t q = 0; q < un; ++q) {
+              const std::uint64_t v = next() % 40;
+              sends[r][q] = v % 5 == 0 ? 0 : v;  // about a fifth of the blocks empty
+              if (pattern == 1 && r == 0) sends[r][q] = 0;             // rank 0 sends nothing
+              if (pattern == 2 && q == un - 1) sends[r][q] = 0;        // the last rank receives nothing
+              if (pattern == 3) sends[r][q] = r == q ? 1001 : v;       // a large block to itself
+            }
+          Case c{OpType::AllToAll, t, 0, n, 0, false, 1 << 20, TwoShot::Pull, 0, copy_push};
+          c.sends = sends;
+          check(c);
+        }
 }
 
 TEST(GpuSchedule, BroadcastGatherScatterFromEveryRoot) {

@@ -188,8 +188,8 @@ def block(src, dst, rows, dname):
     return (v % 2 == 1) if dname == "bool" else v.to(DTYPES[dname])
 
 
-def check_all_to_all_single(dname, uneven):
-    split = (lambda s, d: (s + 2 * d) % 3) if uneven else (lambda s, d: 2)
+def check_all_to_all_single(dname, uneven, scale=1):
+    split = (lambda s, d: (s + 2 * d) % 3 * scale) if uneven else (lambda s, d: 2 * scale)
     send = [split(rank, p) for p in range(W)]
     recv = [split(p, rank) for p in range(W)]
     inp = torch.cat([block(rank, p, send[p], dname) for p in range(W)])
@@ -302,6 +302,8 @@ for dname in DTYPES:
     chk.run("all_to_all_single.%s" % dname, check_all_to_all_single, dname, False)
     chk.run("all_to_all_single.uneven.%s" % dname, check_all_to_all_single, dname, True)
     chk.run("all_to_all.%s" % dname, check_all_to_all, dname)
+# Blocks of tens of thousands of rows, some empty (MoE token routing): copies of real size.
+chk.run("all_to_all_single.uneven_large.float32", check_all_to_all_single, "float32", True, 40000)
 if BIG:
     big = (256 << 20) // 4
     chk.run("allreduce.SUM.256MiB.float32", check_allreduce, "SUM", "float32", big)
