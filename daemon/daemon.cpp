@@ -1,7 +1,5 @@
 #include "daemon/daemon.hpp"
 
-#include "daemon/alltoall_splits.hpp"
-
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
@@ -12,6 +10,7 @@
 #include <spdlog/spdlog.h>
 #include <thread>
 
+#include "daemon/alltoall_splits.hpp"
 #include "daemon/control/control_server.hpp"
 #include "daemon/cuda/gpu_executor.hpp"
 #include "daemon/gpu_stats.hpp"

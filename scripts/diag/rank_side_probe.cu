@@ -295,6 +295,7 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
     CK(cudaMallocManaged(&wrong, sizeof *wrong));
     unsigned long long arrived = 0;  // what this rank's word 2 has counted so far
     unsigned long long pushed = 0;  // what this rank's word 3 has counted so far
+    unsigned long long mixed_seq = 0;      // "ar mixed": the peer's pushes so far (word 5)
     unsigned long long stream_pieces = 0;  // "ar stream": pieces so far
     SlotBases slot_done{};                 // and, by ring slot (word 16 + slot), blocks done
     for (size_t bytes : {size_t(8) << 20, size_t(16) << 20, size_t(32) << 20, size_t(64) << 20, size_t(256) << 20, kMax}) {
@@ -319,6 +320,34 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
         barrier();
       });
       check("ar read+push");
+      // "ar mixed": the reduce-scatter phase's inbound bytes arrive two ways at once: the kernel
+      // reads part X of the peer's chunk data, and the peer's copy engine writes the rest (Y,
+      // the chunk's tail) into this rank's scratch (counted in word 5), reduced locally after.
+      // Reads alone reach 300-330 GB/s; if that is their request rate rather than the link, the
+      // writes fill the rest. Then the usual push of the reduced chunk.
+      for (int tenth : {1, 2, 3, 4}) {
+        char name[40];
+        std::snprintf(name, sizeof name, "ar mixed y%d/10", tenth);
+        const size_t ylen = (nh * tenth / 10) / 4 * 4;
+        time_loop(name, bytes, iters, [&] {
+          barrier();
+          ++mixed_seq;
+          CK(cudaEventRecord(fork, s));
+          CK(cudaStreamWaitEvent(side[0], fork, 0));
+          CK(cudaMemcpyAsync(pscratch, in + poff + nh - ylen, ylen * 4, cudaMemcpyDeviceToDevice, side[0]));
+          CU(cuStreamWriteValue64(reinterpret_cast<CUstream>(side[0]), reinterpret_cast<CUdeviceptr>(pflags + 5),
+                                  mixed_seq, CU_STREAM_WRITE_VALUE_DEFAULT));
+          CK(cudaEventRecord(join[0], side[0]));
+          launch_reduce(in + off, pin + off, out + off, nh - ylen);
+          CU(cuStreamWaitValue64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(flags + 5), mixed_seq,
+                                 CU_STREAM_WAIT_VALUE_GEQ));
+          launch_reduce(in + off + nh - ylen, scratch, out + off + nh - ylen, ylen);
+          CK(cudaMemcpyAsync(pout + off, out + off, nh * 4, cudaMemcpyDeviceToDevice, s));
+          CK(cudaStreamWaitEvent(s, join[0], 0));
+          barrier();
+        });
+        check(name);
+      }
       time_loop("ar 1shot read", bytes, iters, [&] {
         barrier();
         launch_reduce(in, pin, out, n);
