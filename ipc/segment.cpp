@@ -55,6 +55,21 @@ int read_owner_pid(const std::string& name, bool& valid_magic) {
   }
 }
 
+// libfabric's shm provider names its regions /dev/shm/<pid>:<domain>:<endpoint> (16 MiB each).
+// A daemon killed outright (SIGKILL, the OOM killer) cannot run libfabric's exit cleanup, so
+// once its segment is known stale, the regions named for its pid are its leftovers too.
+void remove_fabric_regions_of(int pid) {
+  if (pid <= 0) return;
+  const std::string prefix = std::to_string(pid) + ":";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) continue;
+    if (name.find_first_not_of("0123456789:", prefix.size()) != std::string::npos) continue;
+    std::filesystem::remove(e.path(), ec);
+  }
+}
+
 bool stale(const std::string& name, int& pid_out) {
   bool magic = false;
   pid_out = read_owner_pid(name, magic);
@@ -141,6 +156,7 @@ Segment Segment::create(const SegmentSpec& spec) {
       int pid = 0;
       if (attempt == 0 && stale(name, pid)) {
         bip::shared_memory_object::remove(name.c_str());
+        remove_fabric_regions_of(pid);
         continue;
       }
       throw std::runtime_error("job " + spec.job_id + " already has a daemon on this node, pid " +
@@ -227,6 +243,7 @@ bool Segment::remove_if_stale(const std::string& job_id, int node_id) {
   const std::string name = segment_name(job_id, node_id);
   int pid = 0;
   if (!std::filesystem::exists(shm_path(name)) || !stale(name, pid)) return false;
+  remove_fabric_regions_of(pid);
   return bip::shared_memory_object::remove(name.c_str());
 }
 
@@ -241,7 +258,9 @@ int Segment::remove_all_stale() {
     const std::string name = e.path().filename().string();
     if (name.rfind(kSegmentPrefix, 0) != 0) continue;
     int pid = 0;
-    if (stale(name, pid) && bip::shared_memory_object::remove(name.c_str())) ++removed;
+    if (!stale(name, pid)) continue;
+    remove_fabric_regions_of(pid);
+    if (bip::shared_memory_object::remove(name.c_str())) ++removed;
   }
   return removed;
 }

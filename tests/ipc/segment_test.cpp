@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "ipc/names.hpp"
 #include "ipc/segment.hpp"
@@ -70,6 +71,36 @@ TEST(Segment, StaleSegmentOfDeadDaemonIsReplaced) {
   ASSERT_TRUE(Segment::exists(job, 0));
   auto seg = Segment::create(spec(job));  // replaces it
   EXPECT_EQ(seg.header().daemon_pid, ::getpid());
+}
+
+// A daemon killed outright also leaves libfabric's shm-provider regions, named for its pid
+// (/dev/shm/<pid>:<domain>:<endpoint>, 16 MiB each): removing its stale segment removes them,
+// and nothing named for a live process.
+TEST(Segment, RemovingAStaleSegmentRemovesItsDaemonsFabricRegions) {
+  const auto job = unique_job("fabric");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto seg = Segment::create(spec(job));
+    std::ofstream(std::filesystem::path("/dev/shm") / (std::to_string(::getpid()) + ":0:0")) << "region";
+    seg.disown();
+    ::_exit(0);
+  }
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  const auto dead_region = std::filesystem::path("/dev/shm") / (std::to_string(child) + ":0:0");
+  const auto live_region = std::filesystem::path("/dev/shm") / (std::to_string(::getpid()) + ":9:9");
+  const auto other_name = std::filesystem::path("/dev/shm") / (std::to_string(child) + ":notours");
+  std::ofstream(live_region) << "region";
+  std::ofstream(other_name) << "x";
+  ASSERT_TRUE(std::filesystem::exists(dead_region));
+  EXPECT_TRUE(Segment::remove_if_stale(job, 0));
+  EXPECT_FALSE(std::filesystem::exists(dead_region));
+  EXPECT_TRUE(std::filesystem::exists(live_region));
+  EXPECT_TRUE(std::filesystem::exists(other_name)) << "only <pid>:<digits>:<digits> names are libfabric's";
+  std::filesystem::remove(live_region);
+  std::filesystem::remove(other_name);
+  std::filesystem::remove(dead_region);
 }
 
 TEST(Segment, RemoveIfStaleKeepsLiveOnes) {
