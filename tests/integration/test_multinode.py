@@ -3,6 +3,7 @@ each with its own segment and node id, their traffic through libfabric over loop
 (tcp;ofi_rxm) or shared memory (shm). Every collective and dtype, then the failure cases with
 the victim on another node than some of the survivors."""
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -113,3 +114,5 @@ def test_killed_daemon_on_another_node_fails_every_rank_within_5s(job, provider)
     for rank, (at, msg) in res.items():
         assert at - killed_at < 5.0, (rank, at - killed_at, msg)
         assert f"smddp daemon (pid {daemon}) on node 1 died" in msg, msg
+    # smddprun's cleanup removed the killed daemon's leftovers, libfabric's shm region included.
+    assert not list(pathlib.Path("/dev/shm").glob(f"{daemon}:*"))
