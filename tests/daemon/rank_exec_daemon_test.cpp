@@ -182,6 +182,13 @@ void expect_one_handle(const Recorder::Call& call, int slot, std::uint64_t alloc
   EXPECT_TRUE(handle_is(call.c.plan_handle(0), fill));
 }
 
+// Posts calls[r] on rank r, in rank order.
+std::vector<WorkPtr> post(const std::vector<std::unique_ptr<Rank>>& ranks, const std::vector<DeviceCall>& calls) {
+  std::vector<WorkPtr> w;
+  for (std::size_t r = 0; r < calls.size(); ++r) w.push_back(ranks[r]->client->world()->device_op(calls[r]));
+  return w;
+}
+
 // Waits for every Work; failures are reported, not thrown.
 void wait_all(const std::vector<WorkPtr>& works) {
   for (std::size_t i = 0; i < works.size(); ++i) {
@@ -274,9 +281,7 @@ TEST(DaemonRankExec, HandlesAreSentOncePerAllocationThenOnlyPlans) {
 
   // 3rd: rank 0's allocation has new handle bytes (same id): rank 1 is sent them again.
   {
-    std::vector<WorkPtr> w;
-    w.push_back(ranks[0]->client->world()->device_op(allreduce(30, 0xC2, alloc[0])));
-    w.push_back(ranks[1]->client->world()->device_op(allreduce(31, fill[1], alloc[1])));
+    const auto w = post(ranks, {allreduce(30, 0xC2, alloc[0]), allreduce(31, fill[1], alloc[1])});
     wait_all(w);
     auto calls0 = ranks[0]->rec.take();
     ASSERT_EQ(calls0.size(), 1u) << "rank 1's handle did not change";
@@ -291,9 +296,7 @@ TEST(DaemonRankExec, HandlesAreSentOncePerAllocationThenOnlyPlans) {
   {
     auto call1 = allreduce(41, fill[1], alloc[1]);
     call1.output = fake_buffer(0xD3, 201, kCount * 4, 512);
-    std::vector<WorkPtr> w;
-    w.push_back(ranks[0]->client->world()->device_op(allreduce(40, 0xC2, alloc[0])));
-    w.push_back(ranks[1]->client->world()->device_op(call1));
+    const auto w = post(ranks, {allreduce(40, 0xC2, alloc[0]), call1});
     wait_all(w);
     auto calls0 = ranks[0]->rec.take();
     ASSERT_EQ(calls0.size(), 2u);
@@ -317,9 +320,7 @@ TEST(DaemonRankExec, AFreedAllocationIsNamedToTheRanksThatMappedIt) {
   DaemonThread daemon(job, 2);
   auto ranks = attach_ranks(job, 2);
   {
-    std::vector<WorkPtr> w;
-    w.push_back(ranks[0]->client->world()->device_op(allreduce(10, 0xA0, 100)));
-    w.push_back(ranks[1]->client->world()->device_op(allreduce(11, 0xB1, 101)));
+    const auto w = post(ranks, {allreduce(10, 0xA0, 100), allreduce(11, 0xB1, 101)});
     wait_all(w);
     for (auto& r : ranks) r->rec.take();
   }
@@ -328,9 +329,7 @@ TEST(DaemonRankExec, AFreedAllocationIsNamedToTheRanksThatMappedIt) {
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     const std::uint64_t t = 20 + 10 * static_cast<std::uint64_t>(round);
-    std::vector<WorkPtr> w;
-    w.push_back(ranks[0]->client->world()->device_op(allreduce(t, 0xE4, 102)));
-    w.push_back(ranks[1]->client->world()->device_op(allreduce(t + 1, 0xB1, 101)));
+    const auto w = post(ranks, {allreduce(t, 0xE4, 102), allreduce(t + 1, 0xB1, 101)});
     wait_all(w);
     auto calls0 = ranks[0]->rec.take();
     ASSERT_EQ(calls0.size(), 1u) << "rank 0 was told of something";
@@ -387,9 +386,7 @@ TEST(DaemonRankExec, UnevenAllToAllPlansCarryEveryBlock) {
   auto ranks = attach_ranks(job, 2);
   // Rank 0 sends 3 to itself and 5 to rank 1; rank 1 sends 7 to rank 0 and 0 to itself.
   {
-    std::vector<WorkPtr> w;
-    w.push_back(ranks[0]->client->world()->device_op(alltoallv(10, 0xA0, 100, {3, 5}, {3, 7})));
-    w.push_back(ranks[1]->client->world()->device_op(alltoallv(11, 0xB1, 101, {7, 0}, {5, 0})));
+    const auto w = post(ranks, {alltoallv(10, 0xA0, 100, {3, 5}, {3, 7}), alltoallv(11, 0xB1, 101, {7, 0}, {5, 0})});
     wait_all(w);
     const ipc::PlanSplit want[2][2] = {
         // rank 0: to itself 3 at 0 of its output, from itself 3 at 0; to rank 1: 5 at 0 of rank
@@ -419,9 +416,7 @@ TEST(DaemonRankExec, UnevenAllToAllPlansCarryEveryBlock) {
   }
   // Rank 1 expects 4 from rank 0, which sends 5.
   {
-    std::vector<WorkPtr> w;
-    w.push_back(ranks[0]->client->world()->device_op(alltoallv(20, 0xA0, 100, {3, 5}, {3, 7})));
-    w.push_back(ranks[1]->client->world()->device_op(alltoallv(21, 0xB1, 101, {7, 0}, {4, 0})));
+    const auto w = post(ranks, {alltoallv(20, 0xA0, 100, {3, 5}, {3, 7}), alltoallv(21, 0xB1, 101, {7, 0}, {4, 0})});
     for (const auto& x : w) expect_mismatch(x, "rank 0 sends 5 elements to rank 1, which expects 4");
   }
 }

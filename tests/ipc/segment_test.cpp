@@ -57,17 +57,26 @@ TEST(Segment, LiveOwnerIsAnError) {
   }
 }
 
-TEST(Segment, StaleSegmentOfDeadDaemonIsReplaced) {
-  const auto job = unique_job("stale");
+namespace {
+
+// A daemon of `job` that created its segment and died without unlinking it, like a crashed
+// daemon; returns its pid (-1 if fork failed).
+pid_t crashed_daemon(const std::string& job) {
   const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
   if (child == 0) {
     auto seg = Segment::create(spec(job));
-    seg.disown();  // die without unlinking, like a crashed daemon
+    seg.disown();
     ::_exit(0);
   }
-  int st = 0;
-  ::waitpid(child, &st, 0);
+  if (child > 0) ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+}  // namespace
+
+TEST(Segment, StaleSegmentOfDeadDaemonIsReplaced) {
+  const auto job = unique_job("stale");
+  ASSERT_GT(crashed_daemon(job), 0);
   ASSERT_TRUE(Segment::exists(job, 0));
   auto seg = Segment::create(spec(job));  // replaces it
   EXPECT_EQ(seg.header().daemon_pid, ::getpid());
@@ -78,19 +87,12 @@ TEST(Segment, StaleSegmentOfDeadDaemonIsReplaced) {
 // and nothing named for a live process.
 TEST(Segment, RemovingAStaleSegmentRemovesItsDaemonsFabricRegions) {
   const auto job = unique_job("fabric");
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    auto seg = Segment::create(spec(job));
-    std::ofstream(std::filesystem::path("/dev/shm") / (std::to_string(::getpid()) + ":0:0")) << "region";
-    seg.disown();
-    ::_exit(0);
-  }
-  int st = 0;
-  ::waitpid(child, &st, 0);
+  const pid_t child = crashed_daemon(job);
+  ASSERT_GT(child, 0);
   const auto dead_region = std::filesystem::path("/dev/shm") / (std::to_string(child) + ":0:0");
   const auto live_region = std::filesystem::path("/dev/shm") / (std::to_string(::getpid()) + ":9:9");
   const auto other_name = std::filesystem::path("/dev/shm") / (std::to_string(child) + ":notours");
+  std::ofstream(dead_region) << "region";
   std::ofstream(live_region) << "region";
   std::ofstream(other_name) << "x";
   ASSERT_TRUE(std::filesystem::exists(dead_region));
