@@ -322,8 +322,8 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     p.group_rank = *g;
   }
   // --- GPU path (issue 5): CUDA buffers need the GPU executor, created on first use.
-  if (cuda::is_device_request(d) && (d.flags & ipc::kFlagRankExec)) {
-    ctx.cuda_enabled = true;  // the ranks run it; the daemon only maps nothing
+  if (d.flags & ipc::kFlagRankExec) {
+    ctx.cuda_enabled = true;  // the ranks run it; the daemon maps nothing
   } else if (cuda::is_device_request(d)) {
     ctx.cuda_enabled = gpu() != nullptr;
     if (!ctx.cuda_enabled)
@@ -399,7 +399,9 @@ void Daemon::resolve(std::vector<Match> matches) {
     }
     if (m.status == Status::Ok && m.comm && engine_ && engine_->spans_nodes(*m.comm) && op != OpType::CommCreate &&
         op != OpType::Send && op != OpType::Recv) {
-      if (std::any_of(m.posted.begin(), m.posted.end(), [](const Posted& p) { return cuda::is_device_request(p.desc); })) {
+      if (std::any_of(m.posted.begin(), m.posted.end(), [](const Posted& p) {
+            return cuda::is_device_request(p.desc) || (p.desc.flags & ipc::kFlagRankExec);
+          })) {
         m.status = Status::Unsupported;
         m.error = kDeviceAcrossNodes;
       } else {

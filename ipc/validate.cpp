@@ -169,7 +169,12 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
   if ((r.flags & kFlagDaemonCpuWait) && (!(r.flags & kFlagStreamValue) || (r.flags & kFlagDeviceFlags)))
     return bad("a CPU-side wait needs stream flags in host memory");
   if (r.flags & kFlagRankExec) {
-    if (!device) return bad("rank-side GPU execution of a host request");
+    // An uneven AllToAll member that sends and receives nothing has no buffers at all, yet
+    // runs the plan's barriers with the others. Any other request without CUDA buffers is
+    // a host request.
+    const bool idle_member = r.op == OpType::AllToAll && (r.flags & kFlagSplits) &&
+                             r.input.kind == BufferKind::None && r.output.kind == BufferKind::None;
+    if (!device && !idle_member) return bad("rank-side GPU execution of a host request");
     if (r.flags & (kFlagStreamValue | kFlagDaemonCpuWait)) return bad("rank-side GPU execution with daemon-side flags");
   }
   return std::nullopt;

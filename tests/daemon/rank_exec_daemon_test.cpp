@@ -421,6 +421,35 @@ TEST(DaemonRankExec, UnevenAllToAllPlansCarryEveryBlock) {
   }
 }
 
+// A member of an uneven AllToAll that sends and receives nothing has no buffers at all (its
+// tensors are empty), yet it runs the plan's barriers with the others: it gets a plan, not a
+// "ranks disagree" error.
+TEST(DaemonRankExec, UnevenAllToAllMemberWithNothingToMoveGetsAPlan) {
+  spdlog::set_level(spdlog::level::warn);
+  const auto job = unique_job("a2av0");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  auto idle = alltoallv(11, 0xB1, 101, {0, 0}, {0, 0});
+  idle.input.reset();
+  idle.output.reset();
+  const auto w = post(ranks, {alltoallv(10, 0xA0, 100, {4, 0}, {4, 0}), idle});
+  wait_all(w);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(w[static_cast<std::size_t>(r)]->status(), Status::Ok);
+    const auto calls = ranks[static_cast<std::size_t>(r)]->rec.take();
+    ASSERT_FALSE(calls.empty());
+    const auto& plan = calls.back().c;
+    ASSERT_EQ(plan.kind, CompletionKind::Plan);
+    EXPECT_EQ(calls.back().token, static_cast<std::uint64_t>(10 + r));
+    EXPECT_EQ(plan.plan_member(1).in.alloc_id, 0u) << "the idle member has no buffers";
+    EXPECT_EQ(plan.plan_member(1).out.alloc_id, 0u);
+    EXPECT_EQ(plan.plan_split(1).send, 0u);
+    EXPECT_EQ(plan.plan_split(1).recv, 0u);
+    EXPECT_EQ(plan.plan_split(0).send, r == 0 ? 4u : 0u);
+  }
+}
+
 TEST(DaemonRankExec, SendRecvPlansListSenderThenReceiver) {
   spdlog::set_level(spdlog::level::warn);
   const auto job = unique_job("p2p");

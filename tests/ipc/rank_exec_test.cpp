@@ -253,6 +253,15 @@ TEST(ValidateRankExec, AllToAllWithSplitsIsAccepted) {
   EXPECT_EQ(validate_request(d, gpu_ctx()), std::nullopt);
   d.aux = arena(0, 4 * 2 * 8 - 8);  // a table one entry short
   EXPECT_FALSE(validate_request(d, gpu_ctx()) == std::nullopt);
+  // A member that sends and receives nothing has no buffers, and still runs the plan.
+  d.aux = arena(0, 4 * 2 * 8);
+  d.input = BufferRef{};
+  d.output = BufferRef{};
+  EXPECT_EQ(validate_request(d, gpu_ctx()), std::nullopt);
+  // Without the split table it is a host request.
+  d.flags = kFlagRankExec;
+  d.aux = BufferRef{};
+  EXPECT_TRUE(fails(d, gpu_ctx(), "rank-side GPU execution of a host request"));
 }
 
 namespace {

@@ -189,7 +189,13 @@ def block(src, dst, rows, dname):
 
 
 def check_all_to_all_single(dname, uneven, scale=1):
-    split = (lambda s, d: (s + 2 * d) % 3 * scale) if uneven else (lambda s, d: 2 * scale)
+    # uneven "idle": the last rank sends and receives nothing (both its tensors are empty).
+    if uneven == "idle":
+        split = lambda s, d: 0 if W - 1 in (s, d) else (s + d + 1) * scale  # noqa: E731
+    elif uneven:
+        split = lambda s, d: (s + 2 * d) % 3 * scale  # noqa: E731
+    else:
+        split = lambda s, d: 2 * scale  # noqa: E731
     send = [split(rank, p) for p in range(W)]
     recv = [split(p, rank) for p in range(W)]
     inp = torch.cat([block(rank, p, send[p], dname) for p in range(W)])
@@ -304,6 +310,8 @@ for dname in DTYPES:
     chk.run("all_to_all.%s" % dname, check_all_to_all, dname)
 # Blocks of tens of thousands of rows, some empty (MoE token routing): copies of real size.
 chk.run("all_to_all_single.uneven_large.float32", check_all_to_all_single, "float32", True, 40000)
+chk.run("all_to_all_single.idle_rank.float32", check_all_to_all_single, "float32", "idle", 1000)
+chk.run("all_to_all_single.idle_rank.int64", check_all_to_all_single, "int64", "idle")
 if BIG:
     big = (256 << 20) // 4
     chk.run("allreduce.SUM.256MiB.float32", check_allreduce, "SUM", "float32", big)
