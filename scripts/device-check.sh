@@ -65,7 +65,7 @@ if [ "$quick" -eq 1 ]; then
     py="$(command -v python3)"
     gpu_env=(env SMDDP_BUILD_DIR="$build" SMDDP_TEST_PYTHON="$py" PYTHONPATH="$build/python")
     pytest_args=(-x -q -rs -p no:cacheprovider)
-    step gpu_collectives "${gpu_env[@]}" timeout 240 "$py" -m pytest "${pytest_args[@]}" \
+    step gpu_collectives "${gpu_env[@]}" timeout 420 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_collectives.py -k "smddprun or expandable or disagreement or forms"
     step gpu_training "${gpu_env[@]}" timeout 240 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_training.py -k "smddprun or torchrun"

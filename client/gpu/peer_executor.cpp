@@ -39,21 +39,29 @@ const StreamOps& stream_ops() {
 constexpr std::size_t kFastFlagsOffset = ipc::kFlagBlockBytes;
 constexpr std::size_t kFastFlagsBytes = std::size_t{ipc::kMaxLocalRanks} * daemon::cuda::kFastMaxBlocks * 8;
 constexpr std::size_t kFastStageOffset = kFastFlagsOffset + kFastFlagsBytes;
-constexpr std::uint64_t kFastStageBytes = 4ull << 20;
+constexpr std::uint64_t kFastStageBytes = 16ull << 20;
 constexpr std::size_t kFlagAllocBytes = kFastStageOffset + 2 * kFastStageBytes;
 static_assert(kFastStageOffset % 256 == 0);
 
-// Fast-path ops up to this many input bytes for 2 ranks (SMDDP_FAST_MAX_BYTES; 0 turns the
-// path off), and 2/n of it for n ranks: the fast kernel is one-shot, so each rank reads all
-// n-1 peers' staging, and past that the plan's two-shot moves fewer bytes per rank. On 2xH200
-// a 4 MiB AllReduce took 23 us this way against 48 us on the plan path (NCCL: 33-35 us).
-std::uint64_t fast_max_bytes(int n) {
-  static const std::uint64_t v = [] {
-    const char* e = std::getenv("SMDDP_FAST_MAX_BYTES");
-    const std::uint64_t want = e && *e ? std::strtoull(e, nullptr, 10) : (4ull << 20);
-    return std::min<std::uint64_t>(want, kFastStageBytes);
-  }();
-  return n <= 2 ? v : v * 2 / static_cast<std::uint64_t>(n);
+// Fast-path ops up to this many input bytes. The fast kernel is one-shot: each rank reads all
+// n-1 peers' staging, and past some size the plan's two-shot, which moves fewer bytes per
+// rank and has no copy into staging, wins. With 2 ranks on 2xH200 (session 8, call 1,
+// scripts/diag/fast_limit_sweep.sh; us per op, fast path against plan path):
+//   AllReduce      8 MiB 36 against 55, 16 MiB 64 against 77
+//   ReduceScatter  8 MiB 34 against 59, 16 MiB 46 against 52-59 (input bytes)
+//   AllGather      8 MiB input 38 against 58 (kernel), 16 MiB input 76 against 60: slower
+// so AllReduce and ReduceScatter take it up to 16 MiB of input and AllGather up to 8 MiB.
+// With n ranks it is 2/n of the 4 MiB measured first (no more was measured there).
+// SMDDP_FAST_MAX_BYTES sets one limit for every op (2/n of it with n ranks; 0 turns the path
+// off), at most the staging size.
+std::uint64_t fast_max_bytes(ipc::OpType op, int n) {
+  static const char* const e = std::getenv("SMDDP_FAST_MAX_BYTES");
+  static const bool set = e && *e;
+  static const std::uint64_t v = set ? std::min<std::uint64_t>(std::strtoull(e, nullptr, 10), kFastStageBytes) : 0;
+  const auto scaled = [n](std::uint64_t limit) { return n <= 2 ? limit : limit * 2 / static_cast<std::uint64_t>(n); };
+  if (set) return scaled(v);
+  if (n > 2) return scaled(4ull << 20);
+  return op == ipc::OpType::AllGather ? (8ull << 20) : (16ull << 20);
 }
 
 // Null stays null, so a missing buffer is caught before any GPU work uses it.
@@ -254,7 +262,7 @@ bool PeerExecutor::fast_eligible(const FastOp& op) {
   a.count = op.count;
   const std::uint64_t in_bytes = (op.op == ipc::OpType::ReduceScatter ? static_cast<std::uint64_t>(n) : 1) *
                                  op.count * ipc::dtype_size(op.dtype);
-  return in_bytes <= fast_max_bytes(n) && daemon::cuda::fast_stage_bytes(a) <= kFastStageBytes;
+  return in_bytes <= fast_max_bytes(op.op, n) && daemon::cuda::fast_stage_bytes(a) <= kFastStageBytes;
 }
 
 std::uint64_t PeerExecutor::reserve_fast_seq() {

@@ -50,7 +50,7 @@ cudaError_t launch_copy(const CopyArgs& args, cudaStream_t stream, int max_block
 // Staging alternates between two buffers by sequence parity, so op k+2 may overwrite a
 // buffer only after every peer signalled op k+1, which they do after finishing op k.
 inline constexpr int kFastMaxRanks = 8;
-inline constexpr int kFastMaxBlocks = 64;
+inline constexpr int kFastMaxBlocks = 128;
 struct FastArgs {
   ipc::OpType op = ipc::OpType::AllReduce;  // AllReduce, AllGather or ReduceScatter
   ipc::DType dtype = ipc::DType::Float32;

@@ -19,26 +19,27 @@ def test_gpu_collectives(launcher):
 
 
 def test_gpu_expandable_segments():
+    # 4 Mi + 7 float32 (16 MiB + 28 B) takes the plan path, through the staging buffers.
     n = gpu_ranks()
-    res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579"], timeout=600,
+    res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579,4194311"], timeout=600,
                   extra_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     res.assert_ok(min_checks=n * 200)
 
 
-@pytest.mark.parametrize("form", [{"SMDDP_COPY_DIRECTION": "pull"}, {"SMDDP_TWOSHOT": "pull"},
+@pytest.mark.parametrize("form", [{}, {"SMDDP_COPY_DIRECTION": "pull"}, {"SMDDP_TWOSHOT": "pull"},
                                   {"SMDDP_TWOSHOT": "kernel"}],
-                         ids=["gather-pull", "twoshot-pull", "twoshot-kernel"])
+                         ids=["plan-only", "gather-pull", "twoshot-pull", "twoshot-kernel"])
 def test_gpu_other_forms(form):
-    # The forms that are not the default (AllGather and AllToAll reading the peers; the
-    # two-shot AllReduce's copies reading, or its kernel writing into every output) stay correct:
-    # 1 Mi + 3 elements and 3 Mi + 11 take the plan path.
+    # The plan path at every size (the fast path off), in the default form and in those that
+    # are not (AllGather and AllToAll reading the peers; the two-shot AllReduce's copies
+    # reading, or its kernel writing into every output).
     n = gpu_ranks()
     res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579,3145739"], timeout=600,
-                  extra_env=form)
+                  extra_env=dict(form, SMDDP_FAST_MAX_BYTES="0"))
     res.assert_ok(min_checks=n * 300)
 
 
-@pytest.mark.parametrize("other", [16, 1 << 21])
+@pytest.mark.parametrize("other", [16, 1 << 23])
 def test_gpu_fast_path_disagreement(other):
     # Rank 0 takes the fast path, rank 1 another fast size or the plan path: errors, no hang.
     res = run_job("gpu_fast_failure_worker.py", 2, args=[other], timeout=240)

@@ -1,6 +1,6 @@
 """The GPU fast path when the ranks disagree (2 ranks): rank 0 all-reduces 8 floats (fast
-path) while rank 1 all-reduces `argv[1]` floats: 16 (fast path too, another size) or 2M (the
-plan path). The daemon reports the mismatch; every rank must then get an error from that
+path) while rank 1 all-reduces `argv[1]` floats: 16 (fast path too, another size) or 8M (32 MiB:
+the plan path). The daemon reports the mismatch; every rank must then get an error from that
 collective or the next one, and its GPU must not hang (a fast kernel waiting for a peer's
 flag is released)."""
 
