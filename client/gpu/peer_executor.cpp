@@ -431,15 +431,14 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
 
 void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t s) {
   // The kernel's steps, by copy engines and stream memory operations (one flag word per peer:
-  // that of thread block 0), in three driver calls whatever the group size: a small
-  // AllGather is bound by how fast the CPU issues it. Once enqueued the op must run to its
-  // end, or the peers would wait for this rank's flag: a failed copy only makes the result
-  // wrong, and is reported.
-  // torch's default stream is the legacy default stream, which refuses cudaMemcpyBatchAsync:
-  // each copy would be a driver call of its own. The per-thread default stream takes batches
-  // and is ordered with the legacy stream both ways (both are blocking streams), so the op
-  // runs there with no event in between: one driver call fewer with 2 ranks (session 8 call 2:
-  // a cudaMemcpyAsync cost 5.3 us of CPU there), n-1 fewer with n.
+  // that of thread block 0), in few driver calls: a small AllGather is bound by how fast the
+  // CPU issues it (with 2 ranks: three copies and one batch of flag operations). Once
+  // enqueued the op must run to its end, or the peers would wait for this rank's flag: a
+  // failed copy only makes the result wrong, and is reported.
+  // torch's default stream is the legacy default stream, where every call costs more (session
+  // 8 call 2: a cudaMemcpyAsync took 5.3 us of CPU there, 3.0 us on the per-thread stream) and
+  // cudaMemcpyBatchAsync is refused. The per-thread default stream is ordered with the legacy
+  // stream both ways (both are blocking streams), so the op runs there with no event between.
   if (s == nullptr || s == cudaStreamLegacy) s = cudaStreamPerThread;
   const std::uint64_t bytes = a.count * ipc::dtype_size(a.dtype);
   const auto& ops = stream_ops();
@@ -451,9 +450,12 @@ void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t
   std::vector<void*> dst;
   std::vector<const void*> src;
   // A driver that refuses cudaMemcpyBatchAsync once is not asked again.
+  constexpr std::size_t kMaxCopiesOneByOne = 4;
   static std::atomic<bool> batch_copies{true};
   const auto copies = [&] {
-    if (dst.size() > 1 && batch_copies.load(std::memory_order_relaxed)) {
+    // A batch costs more CPU than a few copies (session 8 call 3: 13 us for 2 copies, against
+    // 3 us each one by one), so only larger groups batch.
+    if (dst.size() > kMaxCopiesOneByOne && batch_copies.load(std::memory_order_relaxed)) {
       std::vector<std::size_t> sizes(dst.size(), bytes);
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
