@@ -321,18 +321,27 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     ctx.group_rank = *g;
     p.group_rank = *g;
   }
+  // A refused collective fails its other members as well, now or when they post: it cannot run
+  // without this rank, and they would otherwise wait for the timeout.
+  const auto refuse = [&](Status status, const std::string& err) {
+    complete(p, status, err);
+    if (d.op != OpType::CommCreate && d.op != OpType::Send && d.op != OpType::Recv)
+      resolve(matcher_.fail_sequence(d.comm_id, d.seq, status,
+                                     "smddp: rank " + std::to_string(segment_.slot(slot).rank) + "'s " +
+                                         std::string(ipc::to_string(d.op)) + " was refused: " + err));
+  };
   // --- GPU path (issue 5): CUDA buffers need the GPU executor, created on first use.
   if (d.flags & ipc::kFlagRankExec) {
     ctx.cuda_enabled = true;  // the ranks run it; the daemon maps nothing
   } else if (cuda::is_device_request(d)) {
     ctx.cuda_enabled = gpu() != nullptr;
     if (!ctx.cuda_enabled)
-      return complete(p, Status::Unsupported, "smddp: CUDA tensors need the daemon's GPU path, which is off: " + gpu_off_);
+      return refuse(Status::Unsupported, "smddp: CUDA tensors need the daemon's GPU path, which is off: " + gpu_off_);
   }
   // --- end GPU path
   if (auto err = ipc::validate_request(d, ctx)) {
     spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
-    return complete(p, Status::InvalidRequest, *err);
+    return refuse(Status::InvalidRequest, *err);
   }
   if (engine_ && (d.op == OpType::Send || d.op == OpType::Recv)) {
     const Communicator* comm = matcher_.find(d.comm_id);

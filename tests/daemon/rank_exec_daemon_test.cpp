@@ -450,6 +450,47 @@ TEST(DaemonRankExec, UnevenAllToAllMemberWithNothingToMoveGetsAPlan) {
   }
 }
 
+// A request the daemon refuses (here: an AllReduce without its buffers)
+// fails that rank's op, and the other members' of the same op too, whether they posted before
+// or after it: without it they could only wait for the timeout.
+TEST(DaemonRankExec, ARefusedRequestFailsTheOtherMembersAtOnce) {
+  spdlog::set_level(spdlog::level::err);
+  const auto job = unique_job("refused");
+  DaemonThread daemon(job, 2);
+  auto ranks = attach_ranks(job, 2);
+  auto refused = [](std::uint64_t token) {
+    auto c = allreduce(token, 0xB1, 101);
+    c.input.reset();
+    c.output.reset();
+    return c;
+  };
+  const auto expect_refused = [](const WorkPtr& w, Status status, const char* needle) {
+    try {
+      w->wait(5s);
+      ADD_FAILURE() << "the op succeeded";
+    } catch (const client::Error& e) {
+      EXPECT_EQ(e.status(), status) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  for (const bool good_first : {true, false}) {
+    SCOPED_TRACE(good_first ? "the good request first" : "the refused request first");
+    const std::uint64_t t = good_first ? 10 : 20;
+    std::vector<WorkPtr> w(2);
+    if (good_first) {
+      w[0] = ranks[0]->client->world()->device_op(allreduce(t, 0xA0, 100));
+      w[1] = ranks[1]->client->world()->device_op(refused(t + 1));
+    } else {
+      w[1] = ranks[1]->client->world()->device_op(refused(t + 1));
+      w[0] = ranks[0]->client->world()->device_op(allreduce(t, 0xA0, 100));
+    }
+    expect_refused(w[1], Status::InvalidRequest, "input buffer missing");
+    expect_refused(w[0], Status::InvalidRequest, "rank 1's allreduce was refused: invalid request allreduce");
+  }
+  // The communicator goes on with the next operation.
+  wait_all(post(ranks, {allreduce(30, 0xA0, 100), allreduce(31, 0xB1, 101)}));
+}
+
 TEST(DaemonRankExec, SendRecvPlansListSenderThenReceiver) {
   spdlog::set_level(spdlog::level::warn);
   const auto job = unique_job("p2p");
