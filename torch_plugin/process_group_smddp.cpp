@@ -230,8 +230,8 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
   // Empty tensors leave no GPU work (the daemon runs them as host requests), except in an
   // uneven AllToAll, where the others' tables decide: a member that sends and receives nothing
   // still runs the plan's barriers with the others.
-  const bool idle_member = call.op == client::OpType::AllToAll && !call.splits.empty();
-  if ((call.input || call.output || idle_member) && cuda_path_->rank_exec()) {
+  const bool uneven_alltoall = call.op == client::OpType::AllToAll && !call.splits.empty();
+  if ((call.input || call.output || uneven_alltoall) && cuda_path_->rank_exec()) {
     cuda_path_->prepare_rank_exec(any.device(), call, local_in, local_out, co.scale);
     try {
       auto op = comm_->device_op(call, co);
