@@ -19,6 +19,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -374,6 +375,20 @@ DeviceCall alltoallv(std::uint64_t token, std::uint8_t fill, std::uint64_t alloc
   return c;
 }
 
+// Rank r's op `w[r]` succeeded and the last completion it got is a plan: that completion
+// (none, after a reported failure, otherwise).
+std::optional<Recorder::Call> ok_plan(const std::vector<std::unique_ptr<Rank>>& ranks, const std::vector<WorkPtr>& w,
+                                      int r) {
+  const auto u = static_cast<std::size_t>(r);
+  EXPECT_EQ(w[u]->status(), Status::Ok) << "rank " << r;
+  const auto calls = ranks[u]->rec.take();
+  if (calls.empty() || calls.back().c.kind != CompletionKind::Plan) {
+    ADD_FAILURE() << "rank " << r << " got no plan last";
+    return std::nullopt;
+  }
+  return calls.back();
+}
+
 // An uneven AllToAll runs rank-side too: the daemon checks the members' split tables against
 // each other and sends each member, per peer, its block's length and place in the peer's
 // output, and the peer's block's length and place in the peer's input. Tables that disagree
@@ -398,11 +413,9 @@ TEST(DaemonRankExec, UnevenAllToAllPlansCarryEveryBlock) {
     };
     for (int r = 0; r < 2; ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
-      EXPECT_EQ(w[static_cast<std::size_t>(r)]->status(), Status::Ok);
-      const auto calls = ranks[static_cast<std::size_t>(r)]->rec.take();
-      ASSERT_FALSE(calls.empty());
-      const auto& plan = calls.back().c;
-      ASSERT_EQ(plan.kind, CompletionKind::Plan);
+      const auto call = ok_plan(ranks, w, r);
+      ASSERT_TRUE(call);
+      const auto& plan = call->c;
       EXPECT_TRUE(plan.plan_header().flags & ipc::kPlanSplits);
       for (int q = 0; q < 2; ++q) {
         const auto x = plan.plan_split(q);
@@ -436,12 +449,10 @@ TEST(DaemonRankExec, UnevenAllToAllMemberWithNothingToMoveGetsAPlan) {
   wait_all(w);
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
-    EXPECT_EQ(w[static_cast<std::size_t>(r)]->status(), Status::Ok);
-    const auto calls = ranks[static_cast<std::size_t>(r)]->rec.take();
-    ASSERT_FALSE(calls.empty());
-    const auto& plan = calls.back().c;
-    ASSERT_EQ(plan.kind, CompletionKind::Plan);
-    EXPECT_EQ(calls.back().token, static_cast<std::uint64_t>(10 + r));
+    const auto call = ok_plan(ranks, w, r);
+    ASSERT_TRUE(call);
+    const auto& plan = call->c;
+    EXPECT_EQ(call->token, static_cast<std::uint64_t>(10 + r));
     EXPECT_EQ(plan.plan_member(1).in.alloc_id, 0u) << "the idle member has no buffers";
     EXPECT_EQ(plan.plan_member(1).out.alloc_id, 0u);
     EXPECT_EQ(plan.plan_split(1).send, 0u);
