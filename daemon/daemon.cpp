@@ -321,14 +321,14 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     ctx.group_rank = *g;
     p.group_rank = *g;
   }
-  // A refused collective fails its other members as well, now or when they post: it cannot run
-  // without this rank, and they would otherwise wait for the timeout.
+  // A refused operation fails its partners as well (the collective's other members, the
+  // other side of a send/recv), now or when they post: it cannot run without this rank, and
+  // they would otherwise wait for the timeout.
   const auto refuse = [&](Status status, const std::string& err) {
     complete(p, status, err);
-    if (d.op != OpType::CommCreate && d.op != OpType::Send && d.op != OpType::Recv)
-      resolve(matcher_.fail_sequence(d.comm_id, d.seq, status,
-                                     "smddp: rank " + std::to_string(segment_.slot(slot).rank) + "'s " +
-                                         std::string(ipc::to_string(d.op)) + " was refused: " + err));
+    resolve(matcher_.fail_partners(p.group_rank, d, status,
+                                   "smddp: rank " + std::to_string(segment_.slot(slot).rank) + "'s " +
+                                       std::string(ipc::to_string(d.op)) + " was refused: " + err));
   };
   // --- GPU path (issue 5): CUDA buffers need the GPU executor, created on first use.
   if (d.flags & ipc::kFlagRankExec) {

@@ -103,6 +103,11 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
   if (d.op == OpType::Send || d.op == OpType::Recv) {
     const bool is_send = d.op == OpType::Send;
     P2pKey key{d.comm_id, is_send ? group_rank : d.root, is_send ? d.root : group_rank, d.seq, d.chunk_offset};
+    if (auto f = failed_p2p_.find({std::get<0>(key), std::get<1>(key), std::get<2>(key), d.seq});
+        f != failed_p2p_.end()) {
+      out.push_back({comm, {p}, f->second.status, f->second.error});
+      return out;
+    }
     auto [it, fresh] = p2p_.try_emplace(key, P2pEntry{comm, {}, {}, now, timeout_of(d)});
     auto& e = it->second;
     auto& mine = is_send ? e.send : e.recv;
@@ -397,6 +402,32 @@ std::vector<Match> Matcher::fail_sequence(std::uint64_t comm, std::uint64_t seq,
                                           const std::string& error) {
   std::vector<Match> out;
   fail_seq(comm, seq, status, error, out);
+  return out;
+}
+
+std::vector<Match> Matcher::fail_partners(int group_rank, const RequestDesc& d, Status status,
+                                          const std::string& error) {
+  std::vector<Match> out;
+  if (d.op == OpType::CommCreate) return out;
+  if (d.op != OpType::Send && d.op != OpType::Recv) {
+    fail_seq(d.comm_id, d.seq, status, error, out);
+    return out;
+  }
+  const bool is_send = d.op == OpType::Send;
+  const int src = is_send ? group_rank : d.root;
+  const int dst = is_send ? d.root : group_rank;
+  failed_p2p_[{d.comm_id, src, dst, d.seq}] = Failure{status, error};
+  while (failed_p2p_.size() > 4096) failed_p2p_.erase(failed_p2p_.begin());
+  // Every chunk of that send/recv already waiting here.
+  auto it = p2p_.lower_bound(P2pKey{d.comm_id, src, dst, d.seq, 0});
+  while (it != p2p_.end() && std::get<0>(it->first) == d.comm_id && std::get<1>(it->first) == src &&
+         std::get<2>(it->first) == dst && std::get<3>(it->first) == d.seq) {
+    Match m{it->second.comm, {}, status, error};
+    if (it->second.send) m.posted.push_back(*it->second.send);
+    if (it->second.recv) m.posted.push_back(*it->second.recv);
+    out.push_back(std::move(m));
+    it = p2p_.erase(it);
+  }
   return out;
 }
 

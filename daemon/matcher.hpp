@@ -72,6 +72,11 @@ class Matcher {
   // Fails operation `seq` of `comm`: its chunks waiting here now, later ones as they come
   // (the inter-node signature check found a mismatch).
   std::vector<Match> fail_sequence(std::uint64_t comm, std::uint64_t seq, ipc::Status status, const std::string& error);
+  // Fails the partners of a request the daemon refused (`group_rank` posted `desc`): the other
+  // members of its collective, or the other side of its send/recv, waiting here now or posting
+  // later. CommCreate has no partners to fail here.
+  std::vector<Match> fail_partners(int group_rank, const ipc::RequestDesc& desc, ipc::Status status,
+                                   const std::string& error);
   // Fails everything pending (job failure).
   std::vector<Match> fail_all(ipc::Status status, const std::string& error);
 
@@ -123,6 +128,8 @@ class Matcher {
   std::map<P2pKey, P2pEntry> p2p_;
   std::map<std::uint64_t, CreateEntry> creates_;
   std::map<std::pair<std::uint64_t, std::uint64_t>, Failure> failed_;  // (comm, seq) -> why
+  using P2pOp = std::tuple<std::uint64_t, int, int, std::uint64_t>;     // comm, src, dst, seq
+  std::map<P2pOp, Failure> failed_p2p_;
 };
 
 // "allreduce(float32, count=8, op=sum)": how a rank's call is named in error messages.

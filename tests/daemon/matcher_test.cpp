@@ -607,6 +607,46 @@ TEST(Matcher, FailWaitingForFailsOnlyWhatWaitsForThatSlot) {
   EXPECT_EQ(late[0].error, "rank 3 exited with status 1");
 }
 
+// A request the daemon refused fails what its partners posted for the same operation, now or
+// when they post: a collective's other members, a send's receive, a receive's send.
+TEST(Matcher, RefusedRequestFailsItsPartnersNowOrWhenTheyPost) {
+  Matcher m(local(3), 1000ms);
+  // Collective: rank 0 posted, rank 1 was refused, rank 2 posts afterwards.
+  EXPECT_TRUE(m.post(0, 0, coll(OpType::AllReduce, 1), t0).empty());
+  auto out = m.fail_partners(1, coll(OpType::AllReduce, 1), Status::InvalidRequest, "rank 1 was refused");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::InvalidRequest);
+  EXPECT_EQ(out[0].error, "rank 1 was refused");
+  ASSERT_EQ(out[0].posted.size(), 1u);
+  EXPECT_EQ(out[0].posted[0].slot, 0);
+  out = m.post(2, 2, coll(OpType::AllReduce, 1), t0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::InvalidRequest);
+  // A refused send 0 -> 1 fails the receive already waiting; other pairs and seqs go on.
+  EXPECT_TRUE(m.post(1, 1, p2p(OpType::Recv, 0, 1), t0).empty());
+  EXPECT_TRUE(m.post(2, 2, p2p(OpType::Recv, 0, 1), t0).empty());
+  out = m.fail_partners(0, p2p(OpType::Send, 1, 1), Status::InvalidRequest, "send refused");
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(out[0].posted.size(), 1u);
+  EXPECT_EQ(out[0].posted[0].slot, 1);
+  EXPECT_EQ(out[0].error, "send refused");
+  // A refused receive 2 <- 1 fails the send when it comes.
+  EXPECT_TRUE(m.fail_partners(2, p2p(OpType::Recv, 1, 1), Status::InvalidRequest, "recv refused").empty());
+  out = m.post(1, 1, p2p(OpType::Send, 2, 1), t0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::InvalidRequest);
+  EXPECT_EQ(out[0].error, "recv refused");
+  // The receive 2 <- 0 still pairs with its send, and the next collective matches.
+  out = m.post(0, 0, p2p(OpType::Send, 2, 1), t0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::Ok);
+  for (int r : {0, 1}) EXPECT_TRUE(m.post(r, r, coll(OpType::AllReduce, 2), t0).empty());
+  out = m.post(2, 2, coll(OpType::AllReduce, 2), t0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::Ok);
+  EXPECT_EQ(m.pending_count(), 0u);
+}
+
 TEST(Matcher, FailAllEmptiesEverything) {
   Matcher m(local(3), 100000ms);
   EXPECT_TRUE(m.post(0, 0, coll(OpType::AllReduce, 1), t0).empty());
