@@ -65,6 +65,11 @@ std::chrono::milliseconds Matcher::timeout_of(const RequestDesc& d) const {
   return d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : default_timeout_;
 }
 
+Matcher::P2pOp Matcher::p2p_op(int group_rank, const RequestDesc& d) {
+  const bool is_send = d.op == OpType::Send;
+  return {d.comm_id, is_send ? group_rank : d.root, is_send ? d.root : group_rank, d.seq};
+}
+
 std::optional<Matcher::Failure> Matcher::failed_seq(std::uint64_t comm, std::uint64_t seq) const {
   auto it = failed_.find({comm, seq});
   if (it == failed_.end()) return std::nullopt;
@@ -102,9 +107,9 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
   }
   if (d.op == OpType::Send || d.op == OpType::Recv) {
     const bool is_send = d.op == OpType::Send;
-    P2pKey key{d.comm_id, is_send ? group_rank : d.root, is_send ? d.root : group_rank, d.seq, d.chunk_offset};
-    if (auto f = failed_p2p_.find({std::get<0>(key), std::get<1>(key), std::get<2>(key), d.seq});
-        f != failed_p2p_.end()) {
+    const P2pOp op = p2p_op(group_rank, d);
+    P2pKey key = std::tuple_cat(op, std::make_tuple(d.chunk_offset));
+    if (auto f = failed_p2p_.find(op); f != failed_p2p_.end()) {
       out.push_back({comm, {p}, f->second.status, f->second.error});
       return out;
     }
@@ -413,19 +418,14 @@ std::vector<Match> Matcher::fail_partners(int group_rank, const RequestDesc& d, 
     fail_seq(d.comm_id, d.seq, status, error, out);
     return out;
   }
-  const bool is_send = d.op == OpType::Send;
-  const int src = is_send ? group_rank : d.root;
-  const int dst = is_send ? d.root : group_rank;
-  failed_p2p_[{d.comm_id, src, dst, d.seq}] = Failure{status, error};
+  const P2pOp op = p2p_op(group_rank, d);
+  failed_p2p_[op] = Failure{status, error};
   while (failed_p2p_.size() > 4096) failed_p2p_.erase(failed_p2p_.begin());
-  // Every chunk of that send/recv already waiting here.
-  auto it = p2p_.lower_bound(P2pKey{d.comm_id, src, dst, d.seq, 0});
-  while (it != p2p_.end() && std::get<0>(it->first) == d.comm_id && std::get<1>(it->first) == src &&
-         std::get<2>(it->first) == dst && std::get<3>(it->first) == d.seq) {
-    Match m{it->second.comm, {}, status, error};
-    if (it->second.send) m.posted.push_back(*it->second.send);
-    if (it->second.recv) m.posted.push_back(*it->second.recv);
-    out.push_back(std::move(m));
+  // Every chunk of the partner's side already waiting here (a waiting entry holds one side).
+  auto it = p2p_.lower_bound(std::tuple_cat(op, std::make_tuple(std::uint64_t{0})));
+  const auto op_of = [](const P2pKey& k) { return P2pOp{std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k)}; };
+  while (it != p2p_.end() && op_of(it->first) == op) {
+    out.push_back({it->second.comm, {it->second.send ? *it->second.send : *it->second.recv}, status, error});
     it = p2p_.erase(it);
   }
   return out;

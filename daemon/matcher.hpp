@@ -86,6 +86,9 @@ class Matcher {
  private:
   using CollKey = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;      // comm, seq, chunk
   using P2pKey = std::tuple<std::uint64_t, int, int, std::uint64_t, std::uint64_t>;  // comm, src, dst, seq, chunk
+  using P2pOp = std::tuple<std::uint64_t, int, int, std::uint64_t>;                  // comm, src, dst, seq
+  // The send/recv `group_rank` posted as `d`, by sender and receiver.
+  static P2pOp p2p_op(int group_rank, const ipc::RequestDesc& d);
   struct Entry {
     const Communicator* comm;
     std::vector<std::optional<Posted>> by_rank;
@@ -128,7 +131,6 @@ class Matcher {
   std::map<P2pKey, P2pEntry> p2p_;
   std::map<std::uint64_t, CreateEntry> creates_;
   std::map<std::pair<std::uint64_t, std::uint64_t>, Failure> failed_;  // (comm, seq) -> why
-  using P2pOp = std::tuple<std::uint64_t, int, int, std::uint64_t>;     // comm, src, dst, seq
   std::map<P2pOp, Failure> failed_p2p_;
 };
 
