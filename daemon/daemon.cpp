@@ -326,9 +326,10 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
   // they would otherwise wait for the timeout.
   const auto refuse = [&](Status status, const std::string& err) {
     complete(p, status, err);
-    resolve(matcher_.fail_partners(p.group_rank, d, status,
-                                   "smddp: rank " + std::to_string(segment_.slot(slot).rank) + "'s " +
-                                       std::string(ipc::to_string(d.op)) + " was refused: " + err));
+    const std::string why = "smddp: rank " + std::to_string(segment_.slot(slot).rank) + "'s " +
+                            std::string(ipc::to_string(d.op)) + " was refused: " + err;
+    resolve(matcher_.fail_partners(p.group_rank, d, status, why));
+    if (const Communicator* comm = matcher_.find(d.comm_id)) tell_other_nodes(*comm, p.group_rank, d, status, why);
   };
   // --- GPU path (issue 5): CUDA buffers need the GPU executor, created on first use.
   if (d.flags & ipc::kFlagRankExec) {
@@ -471,6 +472,8 @@ void Daemon::resolve(std::vector<Match> matches) {
       spdlog::info("communicator {} created with {} ranks", m.comm->id, m.comm->size());
     }
     if (m.status != Status::Ok) {
+      if (m.comm && !m.posted.empty() && op != OpType::CommCreate && op != OpType::Send && op != OpType::Recv)
+        tell_other_nodes(*m.comm, m.posted.front().group_rank, m.posted.front().desc, m.status, m.error);
       spdlog::error("{}", m.error);
       std::lock_guard lk(status_mu_);
       errors_.push_back({{"time", iso_now()}, {"message", m.error}});
@@ -638,6 +641,10 @@ bool Daemon::drive_internode(Clock::time_point now) {
   if (!engine_) return false;
   auto done = engine_->progress(now);
   if (auto f = engine_->take_peer_failure()) fail_job(f->error, f->exit_code);
+  // Operations another node failed before starting them: the chunks this node's ranks post
+  // later fail as they come (a send/recv across nodes never waits in the matcher).
+  for (const auto& f : engine_->take_op_failures())
+    if (f.src < 0) resolve(matcher_.fail_sequence(f.comm, f.seq, f.status, f.error));
   if (done.empty()) return false;
   internode_finished(std::move(done));
   return true;
@@ -660,6 +667,22 @@ void Daemon::internode_finished(std::vector<internode::Finished> done) {
     if (f.mismatch && f.match.comm)
       resolve(matcher_.fail_sequence(f.match.comm->id, f.match.posted.front().desc.seq, Status::Mismatch, f.match.error));
   }
+}
+
+void Daemon::tell_other_nodes(const Communicator& comm, int group_rank, const ipc::RequestDesc& d, Status status,
+                              const std::string& error) {
+  // A job failure reaches the other nodes through the heartbeats, with its own text.
+  if (!engine_ || !engine_->spans_nodes(comm) || !job_error_.empty() || status == Status::PeerFailed ||
+      status == Status::Shutdown || d.op == OpType::CommCreate)
+    return;
+  internode::Engine::OpFailure f{d.comm_id, d.seq, -1, -1, status, error};
+  if (d.op == OpType::Send || d.op == OpType::Recv) {
+    if (d.root < 0 || d.root >= comm.size() || comm.slots[static_cast<std::size_t>(d.root)] >= 0) return;  // no partner elsewhere
+    f.src = d.op == OpType::Send ? group_rank : d.root;
+    f.dst = d.op == OpType::Send ? d.root : group_rank;
+  }
+  if (engine_->announce_op_failure(comm, f))
+    spdlog::info("told the other nodes that operation #{} of communicator {} failed here", d.seq, d.comm_id);
 }
 
 void Daemon::complete(const Posted& p, Status status, std::string_view error, int daemon_event,

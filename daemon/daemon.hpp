@@ -89,6 +89,10 @@ class Daemon {
   void complete(const Posted& p, ipc::Status status, std::string_view error, int daemon_event = -1,
                 std::uint64_t daemon_value = 0);
   void internode_finished(std::vector<internode::Finished> done);
+  // `group_rank`'s operation `d` of `comm` failed here before it started: tells the other nodes
+  // of the group, whose members would otherwise wait for their timeout (Engine::announce_op_failure).
+  void tell_other_nodes(const Communicator& comm, int group_rank, const ipc::RequestDesc& d, ipc::Status status,
+                        const std::string& error);
   bool drive_internode(Clock::time_point now);
   void housekeeping(Clock::time_point now);
   int loop();

@@ -22,6 +22,17 @@ constexpr std::uint64_t kBeatTag = 1;
 constexpr std::uint64_t kFirstOpTag = 16;
 constexpr std::uint32_t kBeatMagic = 0x534d4442;  // "SMDB"
 
+// An operation that failed on the sender before it started there (Engine::OpFailure).
+constexpr std::uint64_t kFailureTag = 2;
+constexpr std::uint32_t kFailureMagic = 0x534d4446;  // "SMDF"
+struct FailureNotice {
+  std::uint32_t magic = kFailureMagic;
+  std::uint32_t status = 0;
+  std::int32_t src = -1, dst = -1;
+  std::uint64_t comm = 0, seq = 0;
+  char error[960] = {};
+};
+
 // A heartbeat: the sender's state and, once its job failed, why.
 struct Beat {
   std::uint32_t magic = kBeatMagic;
@@ -152,7 +163,10 @@ Engine::Engine(Topology topo, std::unique_ptr<transport::Transport> transport,
     p.transport_index = transport_->add_peer(addresses[static_cast<std::size_t>(n)]);
   }
   for (int n = 0; n < topo_.num_nodes; ++n)
-    if (n != topo_.node_id) post_beat_recv(n);
+    if (n != topo_.node_id) {
+      post_beat_recv(n);
+      post_notice_recv(n);
+    }
   try {
     for (int s = 0; s < topo_.nproc_per_node; ++s) {
       auto arena = segment_.arena(s);
@@ -200,6 +214,96 @@ void Engine::post_beat_recv(int node) {
                    });
 }
 
+void Engine::post_notice_recv(int node) {
+  auto notice = std::make_shared<FailureNotice>();
+  auto& peer = peers_[static_cast<std::size_t>(node)];
+  transport_->recv(peer.transport_index, kFailureTag, notice.get(), sizeof(FailureNotice), nullptr,
+                   [this, notice, node](transport::Status st) {
+                     const auto& p = peers_[static_cast<std::size_t>(node)];
+                     if (st.ok && notice->magic == kFailureMagic &&
+                         notice->status > static_cast<std::uint32_t>(Status::Ok) &&
+                         notice->status <= static_cast<std::uint32_t>(Status::Shutdown)) {
+                       notice->error[sizeof notice->error - 1] = '\0';
+                       const auto status = static_cast<Status>(notice->status);
+                       const OpKey key{notice->comm, notice->seq, notice->src, notice->dst};
+                       if (note_failure(key, status, notice->error))
+                         told_.push_back({notice->comm, notice->seq, notice->src, notice->dst, status, notice->error});
+                     }
+                     if (p.state == PeerState::Alive) post_notice_recv(node);
+                   });
+}
+
+void Engine::note_started(const OpKey& key) {
+  if (!started_.insert(key).second) return;
+  started_order_.push_back(key);
+  if (started_order_.size() > kRemembered) {
+    started_.erase(started_order_.front());
+    started_order_.pop_front();
+  }
+}
+
+bool Engine::note_failure(const OpKey& key, Status status, const std::string& error) {
+  if (!failed_.try_emplace(key, status, error).second) return false;
+  failed_order_.push_back(key);
+  if (failed_order_.size() > kRemembered) {
+    failed_.erase(failed_order_.front());
+    failed_order_.pop_front();
+  }
+  // Its parts waiting here wait for the failed node's descriptors, which never come: it started
+  // none. Only the descriptor exchange (phase 0) touches the ops' own buffers, never the ranks'.
+  for (auto& op : ops_) {
+    if (op->phase != 0 || !op->error.empty() || op->comm->id != std::get<0>(key) || op->fseq != std::get<1>(key) ||
+        op->fsrc != std::get<2>(key) || op->fdst != std::get<3>(key))
+      continue;
+    op->status = status;
+    op->error = error;
+    op->abandoned = true;
+  }
+  return true;
+}
+
+bool Engine::announce_op_failure(const Communicator& comm, const OpFailure& f) {
+  const OpKey key{f.comm, f.seq, f.src, f.dst};
+  if (started_.contains(key)) {
+    spdlog::debug("operation #{} of communicator {} failed after this node started part of it; the other nodes "
+                  "are not told (their part runs or times out)", f.seq, f.comm);
+    return false;
+  }
+  if (!note_failure(key, f.status, f.error)) return false;
+  std::vector<int> nodes;
+  if (f.src < 0) {
+    for (int g : comm.global_ranks) nodes.push_back(topo_.node_of(g));
+  } else {
+    for (int r : {f.src, f.dst})
+      if (r >= 0 && r < comm.size()) nodes.push_back(topo_.node_of(comm.global_ranks[static_cast<std::size_t>(r)]));
+  }
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  bool told = false;
+  for (int n : nodes) {
+    auto& peer = peers_[static_cast<std::size_t>(n)];
+    if (n == topo_.node_id || peer.state != PeerState::Alive || !process_there(n)) continue;
+    auto notice = std::make_shared<FailureNotice>();
+    notice->status = static_cast<std::uint32_t>(f.status);
+    notice->src = f.src;
+    notice->dst = f.dst;
+    notice->comm = f.comm;
+    notice->seq = f.seq;
+    std::strncpy(notice->error, f.error.c_str(), sizeof notice->error - 1);
+    transport_->send(peer.transport_index, kFailureTag, notice.get(), sizeof(FailureNotice), nullptr,
+                     [notice](transport::Status) {});
+    told = true;
+  }
+  return told;
+}
+
+std::vector<Engine::OpFailure> Engine::take_op_failures() { return std::exchange(told_, {}); }
+
+bool Engine::process_there(int node) const {
+  const auto& info = topo_.nodes[static_cast<std::size_t>(node)];
+  return info.hostname != topo_.nodes[static_cast<std::size_t>(topo_.node_id)].hostname || ipc::process_alive(info.pid);
+}
+
 void Engine::send_beat(int node, Clock::time_point now) {
   auto& peer = peers_[static_cast<std::size_t>(node)];
   // Never send to a peer that ended: some providers (shm) crash sending to a vanished process.
@@ -207,9 +311,7 @@ void Engine::send_beat(int node, Clock::time_point now) {
   // gets exactly that one.
   if (peer.state == PeerState::Dead || peer.state == PeerState::Failed) return;
   if (peer.state == PeerState::Done && (my_state_ == PeerState::Alive || peer.goodbye_sent)) return;
-  if (topo_.nodes[static_cast<std::size_t>(node)].hostname == topo_.nodes[static_cast<std::size_t>(topo_.node_id)].hostname &&
-      !ipc::process_alive(topo_.nodes[static_cast<std::size_t>(node)].pid))
-    return;
+  if (!process_there(node)) return;
   if (peer.beats_in_flight >= 4) return;  // it does not take them: silence is judged by its side
   auto beat = std::make_shared<Beat>();
   beat->state = static_cast<std::uint32_t>(my_state_);
@@ -286,7 +388,16 @@ void Engine::start(Match m, Clock::time_point now) {
   op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
   op->heard.assign(op->nodes.size(), 0);
   op->heard[static_cast<std::size_t>(op->me)] = 1;
+  op->fseq = d.seq;
   ops_.push_back(op);
+  const OpKey fkey{d.comm_id, d.seq, -1, -1};
+  if (auto f = failed_.find(fkey); f != failed_.end()) {
+    // Another node announced it failed there: this part ends at once (progress() returns it).
+    op->status = f->second.first;
+    op->error = f->second.second;
+    return;
+  }
+  note_started(fkey);
 
   // Phase 0: every node sends its members' descriptors to every other node of the group.
   Ctx c(*this, *op);
@@ -339,7 +450,17 @@ void Engine::start_p2p(const Communicator& comm, const Posted& p, Clock::time_po
   op->key = mix(mix(mix(mix(mix(0x703270ull, d.comm_id), static_cast<std::uint64_t>(src)),
                         static_cast<std::uint64_t>(dst)), d.seq), d.chunk_offset);
   op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
+  op->fseq = d.seq;
+  op->fsrc = src;
+  op->fdst = dst;
   ops_.push_back(op);
+  const OpKey fkey{d.comm_id, d.seq, src, dst};
+  if (auto f = failed_.find(fkey); f != failed_.end()) {
+    op->status = f->second.first;
+    op->error = f->second.second;
+    return;
+  }
+  note_started(fkey);
   Ctx c(*this, *op);
   const int other = 1 - op->me;
   const std::size_t bytes = d.chunk_count * ipc::dtype_size(d.dtype);
@@ -375,6 +496,7 @@ bool same_signature(const ipc::RequestDesc& a, const ipc::RequestDesc& b) {
 }  // namespace
 
 bool Engine::advance(Op& op, Clock::time_point now) {
+  if (op.abandoned) return true;  // its callbacks keep the op (and its buffers) alive until they run
   if (op.outstanding > 0) {
     if (now >= op.deadline && op.error.empty()) {
       std::ostringstream s;

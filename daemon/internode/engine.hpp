@@ -9,7 +9,9 @@
 //     a step that writes the ranks' outputs. Each chunk of a pipelined operation is its own
 //     Engine operation, so chunk k's network transfer overlaps chunk k+1's local reduction.
 // It also carries the daemons' heartbeats: a daemon that dies, or whose job fails, makes every
-// other daemon fail its job with a message naming the cause.
+// other daemon fail its job with a message naming the cause; and failure notices: an operation
+// that failed on one node before that node started any part of it (a refused request, a local
+// timeout) fails on the other nodes at once, with the same text, instead of at their timeout.
 //
 // Threading: single-threaded, driven by the daemon's progress loop (like the Transport).
 #pragma once
@@ -17,9 +19,13 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "daemon/matcher.hpp"
@@ -96,6 +102,23 @@ class Engine {
   void announce_failure(const std::string& error, int exit_code);
   // Fails every operation in flight (job failure) and returns them.
   std::vector<Finished> fail_all(ipc::Status status, const std::string& error);
+  // An operation that failed on one node before it started there. src/dst: a send/recv's
+  // group ranks; -1, -1: a collective (every chunk of it).
+  struct OpFailure {
+    std::uint64_t comm = 0, seq = 0;
+    int src = -1, dst = -1;
+    ipc::Status status = ipc::Status::Ok;
+    std::string error;
+  };
+  // Tells the other nodes of `comm` (for a send/recv: the other side's node) that `f` failed
+  // here. Nothing is sent when this node already started a part of it (the others wait for that
+  // part, which runs; the rest falls back to their timeout) or already knows of the failure.
+  // Returns whether a notice went out.
+  bool announce_op_failure(const Communicator& comm, const OpFailure& f);
+  // Failures other nodes announced since the last call. Their operations in flight here already
+  // ended (progress() returns them); the caller fails the parts its ranks post later.
+  std::vector<OpFailure> take_op_failures();
+
   // Clean end: tells the peers, then keeps serving the transport until every peer has ended
   // too (or failed), so a peer's last messages are not cut off.
   void finish(std::chrono::milliseconds max_wait);
@@ -116,6 +139,15 @@ class Engine {
     bool goodbye_sent = false;  // our Done/Failed beat went out
   };
   void post_beat_recv(int node);
+  void post_notice_recv(int node);
+  // False when the node runs on this host and its process is gone: some providers (shm) crash
+  // sending to a vanished process.
+  bool process_there(int node) const;
+  // (comm, seq, src, dst): an operation, whichever of its chunks (src = dst = -1: a collective).
+  using OpKey = std::tuple<std::uint64_t, std::uint64_t, int, int>;
+  void note_started(const OpKey& key);
+  // Records a failure (false: already known) and ends this node's operations waiting for it.
+  bool note_failure(const OpKey& key, ipc::Status status, const std::string& error);
   void send_beat(int node, Clock::time_point now);
   void check_peers(Clock::time_point now);
   void peer_lost(int node, const std::string& why, int exit_code);
@@ -141,6 +173,14 @@ class Engine {
   PeerState my_state_ = PeerState::Alive;
   std::string my_error_;
   int my_exit_code_ = 0;
+  // Operations recently started and recently failed (announced or told), oldest dropped first:
+  // a failure notice concerns an operation of the last few thousand.
+  static constexpr std::size_t kRemembered = 4096;
+  std::set<OpKey> started_;
+  std::deque<OpKey> started_order_;
+  std::map<OpKey, std::pair<ipc::Status, std::string>> failed_;
+  std::deque<OpKey> failed_order_;
+  std::vector<OpFailure> told_;  // for take_op_failures
 };
 
 }  // namespace smddp::daemon::internode

@@ -3,6 +3,10 @@
 //                     each call, then checks the communicator still works
 //   --mode idle       every rank attaches, then sleeps --seconds (default 10) between two barriers
 //                     (scripts/measure_idle.sh measures the daemon's CPU meanwhile)
+//   --mode refused    rank --victim posts an allreduce the daemon refuses (a CUDA request without
+//                     its buffers) while the others post a good one, then a send to rank
+//                     victim + 1 that is refused likewise; every rank reports how long its failed
+//                     operation took ("RESULT" and "P2P" lines), then all run one more allreduce
 //   --mode stuck      rank --victim writes its pid to DIR/victim.pid and sleeps (to be killed);
 //                     the others wait in an allreduce and report how their wait ended
 // Each rank prints "RESULT <rank> <unix time of the error> <message>" when an operation
@@ -51,6 +55,39 @@ int main(int argc, char** argv) {
       std::printf("RESULT %d %.3f %s\n", me, unix_now(), e.what());
     }
     // The group stays usable after a mismatch.
+    std::vector<float> ok(4, 1.0f);
+    world->allreduce(ok.data(), ok.data(), 4, DType::Float32, ReduceOp::Sum)->wait();
+    std::printf("AFTER %d %g\n", me, ok[0]);
+    std::fflush(stdout);
+    return 0;
+  }
+  if (mode == "refused") {
+    // The daemon refuses a rank-side CUDA request that names no buffers ("input buffer missing").
+    DeviceCall bad;
+    bad.count = 8;
+    bad.rank_exec = true;
+    const auto timed = [&](const char* label, auto&& op) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        op();
+        std::printf("%s %d %.3f no error\n", label, me, unix_now());
+      } catch (const Error& e) {
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("%s %d %.3f after %.2f s: %s\n", label, me, unix_now(), took, e.what());
+      }
+      std::fflush(stdout);
+    };
+    timed("RESULT", [&] {
+      if (me == victim) world->device_op(bad)->wait();
+      else world->allreduce(buf.data(), buf.data(), 8, DType::Float32, ReduceOp::Sum)->wait();
+    });
+    if (me == victim) {
+      bad.op = OpType::Send;
+      bad.root = victim + 1;
+      timed("P2P", [&] { world->device_op(bad)->wait(); });
+    } else if (me == victim + 1) {
+      timed("P2P", [&] { world->recv(buf.data(), 8, DType::Float32, victim, 0)->wait(); });
+    }
     std::vector<float> ok(4, 1.0f);
     world->allreduce(ok.data(), ok.data(), 4, DType::Float32, ReduceOp::Sum)->wait();
     std::printf("AFTER %d %g\n", me, ok[0]);

@@ -81,6 +81,29 @@ def test_mismatch_across_nodes_names_every_call_everywhere(job):
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+def test_refused_request_fails_its_partners_on_other_nodes_at_once(job, provider):
+    # Rank 1 (node 0) posts an allreduce its daemon refuses; ranks 2 and 3 (node 1) used to wait
+    # for the collective timeout (here 60 s). Then rank 1's refused send leaves rank 2's recv
+    # waiting the same way. Every rank must fail within seconds, naming rank 1's refusal, and
+    # the communicator goes on.
+    r = job.run(2, "failure_worker", "--mode", "refused", "--victim", 1,
+                extra=(*nodes(2, provider), "--set", "daemon.collective_timeout_s=60"), timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:]
+    res = results(r.stdout)
+    assert sorted(res) == [0, 1, 2, 3], r.stdout[-3000:]
+    for rank, (_, msg) in res.items():
+        took = float(re.match(r"after ([\d.]+) s", msg).group(1))
+        assert took < 10.0, (rank, msg)
+        want = "input buffer missing" if rank == 1 else "rank 1's allreduce was refused"
+        assert want in msg, (rank, msg)
+    p2p = {int(m.group(1)): (float(m.group(3)), m.group(4))
+           for m in re.finditer(r"^P2P (\d+) ([\d.]+) after ([\d.]+) s: (.*)$", r.stdout, re.M)}
+    assert sorted(p2p) == [1, 2], r.stdout[-3000:]
+    assert p2p[2][0] < 10.0 and "rank 1's send was refused" in p2p[2][1], p2p[2]
+    assert len(re.findall(r"^AFTER \d 4$", r.stdout, re.M)) == 4, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_killed_rank_on_another_node_fails_every_rank_within_5s(job, provider):
     # Rank 2 lives on node 1; ranks 0 and 1 on node 0 learn it from node 1's daemon.
     check_killed_rank(job, 2, extra=nodes(2, provider))

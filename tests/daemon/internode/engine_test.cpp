@@ -196,6 +196,102 @@ TEST_P(EngineTest, AnOperationOtherNodesNeverPostStallsThenTimesOutNamingTheirRa
       << done[0].match.error;
 }
 
+// An operation that failed on node 0 before node 0 started it (a refused request, a local
+// timeout): node 1's part of it ends at once with node 0's text, instead of at the timeout;
+// its later chunks fail as they start, and the next operation runs.
+TEST_P(EngineTest, AnOperationThatFailedOnANodeBeforeItStartedThereFailsOnTheOthersAtOnce) {
+  const std::string why = "smddp: rank 1's allreduce was refused: input buffer missing";
+  nodes[1]->engine->start(nodes[1]->match(desc(OpType::AllReduce, 8), 1, 64, 64), Clock::now());
+  const Engine::OpFailure f{0, 1, -1, -1, ipc::Status::InvalidRequest, why};
+  EXPECT_TRUE(nodes[0]->engine->announce_op_failure(nodes[0]->comm, f));
+  EXPECT_FALSE(nodes[0]->engine->announce_op_failure(nodes[0]->comm, f)) << "announced twice";
+  std::vector<Finished> done;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (done.empty() && Clock::now() < until) {
+    for (auto& x : nodes[1]->engine->progress(Clock::now())) done.push_back(std::move(x));
+    EXPECT_TRUE(nodes[0]->engine->progress(Clock::now()).empty());
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].match.status, ipc::Status::InvalidRequest);
+  EXPECT_EQ(done[0].match.error, why);
+  EXPECT_EQ(done[0].match.posted.size(), static_cast<std::size_t>(kRanks));
+  const auto told = nodes[1]->engine->take_op_failures();
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].comm, 0u);
+  EXPECT_EQ(told[0].seq, 1u);
+  EXPECT_EQ(told[0].src, -1);
+  EXPECT_EQ(told[0].status, ipc::Status::InvalidRequest);
+  EXPECT_EQ(told[0].error, why);
+  EXPECT_TRUE(nodes[1]->engine->take_op_failures().empty());
+  EXPECT_TRUE(nodes[0]->engine->take_op_failures().empty());
+  // Node 1 knows now: it does not echo the failure back.
+  EXPECT_FALSE(nodes[1]->engine->announce_op_failure(nodes[1]->comm, f));
+  // A later chunk of the same operation ends as it starts.
+  auto chunk = desc(OpType::AllReduce, 8);
+  chunk.chunk_offset = 8;
+  nodes[1]->engine->start(nodes[1]->match(chunk, 1, 64, 64), Clock::now());
+  auto later = nodes[1]->engine->progress(Clock::now());
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].match.error, why);
+  // The next operation runs on both nodes.
+  auto next = desc(OpType::AllReduce, 8);
+  next.seq = 2;
+  for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(next, i, 64, 64), Clock::now());
+  auto ok = drive();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(ok[i].size(), 1u);
+    EXPECT_EQ(ok[i][0].match.status, ipc::Status::Ok) << ok[i][0].match.error;
+  }
+}
+
+// Once a node started a part of an operation the others wait for that part, which runs: a
+// failure of another part there is not announced (the others fall back to their timeout).
+TEST_P(EngineTest, AFailureOfAnOperationThisNodeStartedIsNotAnnounced) {
+  nodes[0]->engine->start(nodes[0]->match(desc(OpType::AllReduce, 8), 0, 64, 64), Clock::now());
+  EXPECT_FALSE(nodes[0]->engine->announce_op_failure(nodes[0]->comm, {0, 1, -1, -1, ipc::Status::InvalidRequest, "x"}));
+  nodes[1]->engine->start(nodes[1]->match(desc(OpType::AllReduce, 8), 1, 64, 64), Clock::now());
+  auto done = drive();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(done[i].size(), 1u);
+    EXPECT_EQ(done[i][0].match.status, ipc::Status::Ok) << done[i][0].match.error;
+  }
+}
+
+// A send/recv: the failure names the pair, and only that pair's operation ends.
+TEST_P(EngineTest, ASendThatFailedOnItsNodeFailsTheReceiverOnTheOther) {
+  auto recv = desc(OpType::Recv, 8);
+  recv.root = 0;  // from group rank 0, on node 0
+  Posted r;
+  r.slot = 0;
+  r.group_rank = 2;
+  r.desc = recv;
+  r.desc.output = {ipc::BufferKind::Arena, {}, kOut, 32};
+  nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
+  auto other = r;  // rank 3 receives from rank 1: not the failed pair
+  other.slot = 1;
+  other.group_rank = 3;
+  other.desc.root = 1;
+  other.desc.timeout_ms = 500;
+  nodes[1]->engine->start_p2p(nodes[1]->comm, other, Clock::now());
+  EXPECT_TRUE(nodes[0]->engine->announce_op_failure(nodes[0]->comm, {0, 1, 0, 2, ipc::Status::InvalidRequest, "refused"}));
+  std::vector<Finished> done;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (done.size() < 2 && Clock::now() < until) {
+    for (auto& x : nodes[1]->engine->progress(Clock::now())) done.push_back(std::move(x));
+    nodes[0]->engine->progress(Clock::now());
+  }
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].match.posted.front().group_rank, 2);
+  EXPECT_EQ(done[0].match.status, ipc::Status::InvalidRequest);
+  EXPECT_EQ(done[0].match.error, "refused");
+  EXPECT_EQ(done[1].match.posted.front().group_rank, 3);
+  EXPECT_EQ(done[1].match.status, ipc::Status::Timeout) << done[1].match.error;
+  const auto told = nodes[1]->engine->take_op_failures();
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].src, 0);
+  EXPECT_EQ(told[0].dst, 2);
+}
+
 TEST_P(EngineTest, AFailedNodeTellsTheOther) {
   nodes[0]->engine->announce_failure("rank 1 (pid 42) on node 0 was killed by signal 9 (SIGKILL)", 137);
   std::optional<Engine::PeerFailure> f;
