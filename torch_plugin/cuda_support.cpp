@@ -11,6 +11,7 @@
 #include <thread>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "ipc/segment.hpp"
@@ -85,6 +86,17 @@ std::string bus_id_of(int dev) {
 #define SMDDP_SEGMENT_TRACE 0
 #endif
 
+// Buffer ids of exported allocations torch has freed since a CudaPath last looked: its export
+// cache drops them (ids are never reused, so an entry for a freed one would only take room).
+struct FreedIds {
+  std::mutex mu;  // taken under torch's allocator lock: nothing else is taken under it
+  std::vector<std::uint64_t> ids;
+  std::vector<std::uint64_t> take() {
+    std::lock_guard lk(mu);
+    return std::exchange(ids, {});
+  }
+};
+
 // The allocations this process exported, by base address: process-wide, because a tracker
 // cannot be detached from torch's allocator and outlives every process group.
 class ExportedSegments {
@@ -93,11 +105,12 @@ class ExportedSegments {
     static ExportedSegments s;
     return s;
   }
-  void add(std::uintptr_t base, std::uint64_t alloc_id, std::weak_ptr<client::Client> client) {
+  void add(std::uintptr_t base, std::uint64_t alloc_id, std::weak_ptr<client::Client> client,
+           std::weak_ptr<FreedIds> freed_ids) {
     // Attached outside mu_: attaching takes the allocator's locks, under which freed() runs.
     std::call_once(attached_, [] { attach(); });
     std::lock_guard lk(mu_);
-    by_base_[base].push_back({alloc_id, std::move(client)});
+    by_base_[base].push_back({alloc_id, std::move(client), std::move(freed_ids)});
   }
   // Runs with torch's allocator lock held: posts to the client's lock-free release list only.
   void freed(std::uintptr_t base) {
@@ -109,14 +122,20 @@ class ExportedSegments {
       gone.swap(it->second);
       by_base_.erase(it);
     }
-    for (const auto& e : gone)
+    for (const auto& e : gone) {
       if (auto c = e.client.lock()) c->release_allocation(e.alloc_id);
+      if (auto f = e.freed_ids.lock()) {
+        std::lock_guard lk(f->mu);
+        f->ids.push_back(e.alloc_id);
+      }
+    }
   }
 
  private:
   struct Entry {
     std::uint64_t alloc_id = 0;
     std::weak_ptr<client::Client> client;
+    std::weak_ptr<FreedIds> freed_ids;  // the exporting CudaPath's
   };
   static void attach() {
 #if SMDDP_SEGMENT_TRACE
@@ -220,6 +239,7 @@ struct CudaPath::Impl {
     std::string why;
   };
   std::unordered_map<std::uint64_t, Export> exports;  // by buffer id
+  std::shared_ptr<FreedIds> freed_ids = std::make_shared<FreedIds>();
   struct Event {
     cudaEvent_t ev = nullptr;
     int device = 0;
@@ -345,6 +365,7 @@ struct CudaPath::Impl {
       unknown.why = "cuPointerGetAttribute(BUFFER_ID) failed";
       return unknown;
     }
+    for (const auto gone : freed_ids->take()) exports.erase(gone);
     auto it = exports.find(id);
     if (it != exports.end()) return it->second;
     Export x;
@@ -367,7 +388,7 @@ struct CudaPath::Impl {
         x.ok = true;
         x.base = static_cast<std::uintptr_t>(base);
         x.bytes = size;
-        ExportedSegments::get().add(x.base, id, client);
+        ExportedSegments::get().add(x.base, id, client, freed_ids);
       }
     }
     return exports.emplace(id, std::move(x)).first->second;
