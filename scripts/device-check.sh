@@ -88,6 +88,8 @@ if [ "$quick" -eq 1 ]; then
         --json "$OUT/bench/sweep.json"
       step bench_overlap timeout 90 "$py" scripts/bench_torch.py --build "$build" --ops allgather --min 64M \
         --max 1G --overlap --json "$OUT/bench/overlap.json"
+      # The same matmul loop beside raw copy-engine copies of the same bytes: the floor under it.
+      step overlap_floor timeout 90 "$py" scripts/diag/overlap_floor.py
       # CUDA tensors across 2 simulated nodes (arena staging through the fabric) beside CPU tensors.
       if [ -e "$build/daemon/transport/libsmddp_transport.a" ]; then
         step bench_multinode timeout 120 "$py" scripts/bench_torch.py --build "$build" --simulate-nodes 2 --nproc 2 \
