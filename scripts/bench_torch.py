@@ -12,7 +12,8 @@ conventions) of smddp and of NCCL and their ratio. `allgather` times smddp throu
 (copy engines), `allgather_kernel` through the default (world) group, where AllGather may launch
 kernels. With --overlap, a bf16 matmul loop on each GPU while AllGathers run on another stream,
 and the matmul throughput each backend costs (smddp through its SDP copy-engine path): once with
-as many AllGathers as fit each backend's own AllGather time, once with equal work for both.
+as many AllGathers as fit each backend's own AllGather time, once with equal work for both;
+all of it out of place, then in place (FSDP's form: no local copy).
 
 With --simulate-nodes K (smddprun only) the ranks are split into K simulated nodes, one GPU per
 rank; smddp's CUDA tensors then cross the daemons' fabric through host staging, so NCCL (NVLink)
@@ -237,6 +238,8 @@ def bench(opts):
         say("\n# overlap skipped with --simulate-nodes (it compares smddp's SDP path with NCCL on one node)")
     elif opts.overlap:
         results["overlap"] = overlap(dist, torch, dev, sdp, nccl, n, say)
+        # FSDP's form: each rank's input is its block of the output, so nothing moves locally.
+        results["overlap_inplace"] = overlap(dist, torch, dev, sdp, nccl, n, say, inplace=True)
     if rank == 0:
         # The daemon's view: kernel launches per operation (SDP AllGather: copy engines only).
         from smdistributed.dataparallel.torch import _smddp_c
@@ -255,8 +258,11 @@ def bench(opts):
     return 0
 
 
-def overlap(dist, torch, dev, sdp, nccl, n, say, runs=3):
+def overlap(dist, torch, dev, sdp, nccl, n, say, runs=3, inplace=False):
     """bf16 matmuls on the default stream while 256 MiB AllGathers run on a side stream.
+
+    Out of place (the default) each rank also copies its own input into its block of the
+    output; `inplace` (FSDP's form) the input is that block, so only the others' blocks move.
 
     Back-to-back: each backend runs as many AllGathers as its own AllGather time fits into the
     matmul window (the faster backend runs more). Equal work: both run the smaller of the two
@@ -266,8 +272,11 @@ def overlap(dist, torch, dev, sdp, nccl, n, say, runs=3):
     a = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
     b = torch.randn(m, m, device=dev, dtype=torch.bfloat16)
     per = (256 << 20) // 2 // n
-    inp = torch.ones(per, device=dev, dtype=torch.bfloat16)
     out = torch.empty(per * n, device=dev, dtype=torch.bfloat16)
+    rank = dist.get_rank()
+    inp = out[rank * per:(rank + 1) * per] if inplace else torch.ones(per, device=dev, dtype=torch.bfloat16)
+    if inplace:
+        inp.fill_(1)
     side = torch.cuda.Stream(device=dev)
     flop = 2.0 * m * m * m
     k = 200
@@ -340,7 +349,7 @@ def overlap(dist, torch, dev, sdp, nccl, n, say, runs=3):
     def ratio(x, y):
         return x / y if y > 0 else None
 
-    res = {"matmul_alone_tflops": flop * k / alone_ms / 1e9, "repeats": runs,
+    res = {"inplace": inplace, "matmul_alone_tflops": flop * k / alone_ms / 1e9, "repeats": runs,
            "matmul_alone_runs_tflops": [flop * k / ms / 1e9 for ms in alone]}
     for name, _ in groups:
         res[name] = dict(summary(b2b[name]), allgathers=reps[name], allgather_ms=ag_ms[name])
@@ -348,7 +357,8 @@ def overlap(dist, torch, dev, sdp, nccl, n, say, runs=3):
     res["equal_work"]["ratio"] = ratio(res["equal_work"]["smddp_sdp"]["throughput_lost"],
                                        res["equal_work"]["nccl"]["throughput_lost"])
 
-    say("\n# overlap: %d bf16 %dx%d matmuls, 256 MiB AllGathers on a side stream" % (k, m, m))
+    say("\n# overlap: %d bf16 %dx%d matmuls, 256 MiB AllGathers on a side stream, %s" % (
+        k, m, m, "in place (the input is the rank's block of the output, as FSDP calls it)" if inplace else "out of place"))
     say("(median of %d runs each, backends alternating; back to back: as many AllGathers as fit each backend's own"
         " AllGather time)" % runs)
     say("matmul alone: %.1f TFLOP/s" % res["matmul_alone_tflops"])
