@@ -233,13 +233,21 @@ void Engine::post_notice_recv(int node) {
                    });
 }
 
-void Engine::note_started(const OpKey& key) {
-  if (!started_.insert(key).second) return;
-  started_order_.push_back(key);
-  if (started_order_.size() > kRemembered) {
-    started_.erase(started_order_.front());
-    started_order_.pop_front();
+bool Engine::admit(Op& op, const OpKey& key) {
+  op.of = key;
+  if (auto f = failed_.find(key); f != failed_.end()) {
+    op.status = f->second.first;  // progress() returns it
+    op.error = f->second.second;
+    return false;
   }
+  if (started_.insert(key).second) {
+    started_order_.push_back(key);
+    if (started_order_.size() > kRemembered) {
+      started_.erase(started_order_.front());
+      started_order_.pop_front();
+    }
+  }
+  return true;
 }
 
 bool Engine::note_failure(const OpKey& key, Status status, const std::string& error) {
@@ -252,9 +260,7 @@ bool Engine::note_failure(const OpKey& key, Status status, const std::string& er
   // Its parts waiting here wait for the failed node's descriptors, which never come: it started
   // none. Only the descriptor exchange (phase 0) touches the ops' own buffers, never the ranks'.
   for (auto& op : ops_) {
-    if (op->phase != 0 || !op->error.empty() || op->comm->id != std::get<0>(key) || op->fseq != std::get<1>(key) ||
-        op->fsrc != std::get<2>(key) || op->fdst != std::get<3>(key))
-      continue;
+    if (op->phase != 0 || !op->error.empty() || op->of != key) continue;
     op->status = status;
     op->error = error;
     op->abandoned = true;
@@ -388,16 +394,8 @@ void Engine::start(Match m, Clock::time_point now) {
   op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
   op->heard.assign(op->nodes.size(), 0);
   op->heard[static_cast<std::size_t>(op->me)] = 1;
-  op->fseq = d.seq;
   ops_.push_back(op);
-  const OpKey fkey{d.comm_id, d.seq, -1, -1};
-  if (auto f = failed_.find(fkey); f != failed_.end()) {
-    // Another node announced it failed there: this part ends at once (progress() returns it).
-    op->status = f->second.first;
-    op->error = f->second.second;
-    return;
-  }
-  note_started(fkey);
+  if (!admit(*op, {d.comm_id, d.seq, -1, -1})) return;
 
   // Phase 0: every node sends its members' descriptors to every other node of the group.
   Ctx c(*this, *op);
@@ -450,17 +448,8 @@ void Engine::start_p2p(const Communicator& comm, const Posted& p, Clock::time_po
   op->key = mix(mix(mix(mix(mix(0x703270ull, d.comm_id), static_cast<std::uint64_t>(src)),
                         static_cast<std::uint64_t>(dst)), d.seq), d.chunk_offset);
   op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
-  op->fseq = d.seq;
-  op->fsrc = src;
-  op->fdst = dst;
   ops_.push_back(op);
-  const OpKey fkey{d.comm_id, d.seq, src, dst};
-  if (auto f = failed_.find(fkey); f != failed_.end()) {
-    op->status = f->second.first;
-    op->error = f->second.second;
-    return;
-  }
-  note_started(fkey);
+  if (!admit(*op, {d.comm_id, d.seq, src, dst})) return;
   Ctx c(*this, *op);
   const int other = 1 - op->me;
   const std::size_t bytes = d.chunk_count * ipc::dtype_size(d.dtype);

@@ -57,6 +57,9 @@ struct Finished {
 };
 
 struct Op;  // one collective chunk or one remote send/recv in flight (engine.cpp)
+// An operation, whichever of its chunks: (comm, seq, src, dst), src = dst = -1 for a collective,
+// a send/recv's group ranks otherwise.
+using OpKey = std::tuple<std::uint64_t, std::uint64_t, int, int>;
 
 class Engine {
  public:
@@ -143,9 +146,9 @@ class Engine {
   // False when the node runs on this host and its process is gone: some providers (shm) crash
   // sending to a vanished process.
   bool process_there(int node) const;
-  // (comm, seq, src, dst): an operation, whichever of its chunks (src = dst = -1: a collective).
-  using OpKey = std::tuple<std::uint64_t, std::uint64_t, int, int>;
-  void note_started(const OpKey& key);
+  // Records that this node starts a part of `key`; or, when another node announced `key`
+  // failed, ends `op` at once instead (false).
+  bool admit(Op& op, const OpKey& key);
   // Records a failure (false: already known) and ends this node's operations waiting for it.
   bool note_failure(const OpKey& key, ipc::Status status, const std::string& error);
   void send_beat(int node, Clock::time_point now);

@@ -28,8 +28,7 @@ struct Op : std::enable_shared_from_this<Op> {
   // Another node announced this operation failed before it started there: ended in phase 0,
   // while its descriptor messages (into op-owned buffers) may still be posted.
   bool abandoned = false;
-  std::uint64_t fseq = 0;      // the operation's seq, and for a send/recv its group ranks
-  int fsrc = -1, fdst = -1;
+  OpKey of{};  // the operation this is a part of
   Clock::time_point started;
   Clock::time_point deadline;
   std::vector<char> heard;               // node index -> its descriptors arrived (phase 0)
