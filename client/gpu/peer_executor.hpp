@@ -29,8 +29,10 @@
 // the calling thread, in the order the ranks issue their fast-path collectives.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -167,6 +169,21 @@ class PeerExecutor {
   cudaEvent_t take_event();  // from the pool, or a new one (mu_ held)
   void order_after_locked(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done);
   void run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t s);  // mu_ held
+  // The SDP fast AllGather's steps as a CUDA graph: its three or four copies and its flag
+  // operations, the flags' values set before each launch.
+  struct SdpGraph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaGraphNode_t flag_node = nullptr;
+    CUcontext ctx = nullptr;
+    std::vector<CUstreamBatchMemOpParams> flags;
+  };
+  // (input, output, bytes, members and index, then every member's staging and flag words):
+  // what the graph's nodes name.
+  using SdpKey = std::array<std::uintptr_t, 4 + 3 * daemon::cuda::kFastMaxRanks>;
+  static constexpr std::size_t kSdpGraphs = 64;
+  SdpGraph* sdp_graph(const daemon::cuda::FastArgs& a);  // found or built (null: none; mu_ held)
+  static void destroy(SdpGraph& g) noexcept;
   void release_flags();  // on the rescue stream
   // The last fast op ran on `s`, `done` after it (null: none recorded); `held`: a mark owns it.
   void set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held);
@@ -228,6 +245,10 @@ class PeerExecutor {
   std::vector<Closing> closing_;
   void close_released();  // mu_ held
   std::vector<void*> retired_scratch_;
+  std::map<SdpKey, SdpGraph> sdp_graphs_;
+  std::deque<SdpKey> sdp_order_;  // oldest first
+  bool sdp_graphs_off_ = false;   // one could not be built or launched, or they seldom repeat
+  std::uint64_t sdp_graph_builds_ = 0, sdp_graph_hits_ = 0;
 
   mutable std::mutex mu_;  // everything below, and the members above after construction
   std::map<std::uint64_t, LocalOp> expected_;
