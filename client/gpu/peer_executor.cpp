@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "client/gpu/cuda_util.hpp"
 #include "client/gpu/schedule.hpp"
@@ -251,7 +252,7 @@ PeerExecutor::~PeerExecutor() {
     for (void* p : c.ptrs) cudaIpcCloseMemHandle(p);
   for (auto* f : peer_flags_)
     if (f) cudaIpcCloseMemHandle(f);
-  for (auto& [key, g] : sdp_graphs_) destroy(g);
+  sdp_graphs_.clear();
   for (auto ev : all_events_) cudaEventDestroy(ev);
   for (cudaStream_t st : {side_, fast_stream_, rescue_stream_})
     if (st) cudaStreamDestroy(st);
@@ -635,13 +636,11 @@ PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const daemon::cuda::FastArgs& a)
   };
   if (!built()) {
     cudaGetLastError();
-    destroy(g);
     sdp_graphs_off_ = true;  // the calls one by one from now on
     return nullptr;
   }
   // Buffers change now and then (another tensor, a new allocation): keep the recent ones.
   if (sdp_order_.size() >= kSdpGraphs) {
-    destroy(sdp_graphs_.at(sdp_order_.front()));
     sdp_graphs_.erase(sdp_order_.front());
     sdp_order_.pop_front();
   }
@@ -649,12 +648,16 @@ PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const daemon::cuda::FastArgs& a)
   return &sdp_graphs_.emplace(key, std::move(g)).first->second;
 }
 
-void PeerExecutor::destroy(SdpGraph& g) noexcept {
-  // An executable graph still running is freed once it is done.
-  if (g.exec) cudaGraphExecDestroy(g.exec);
-  if (g.graph) cudaGraphDestroy(g.graph);
-  g.exec = nullptr;
-  g.graph = nullptr;
+PeerExecutor::SdpGraph::SdpGraph(SdpGraph&& o) noexcept
+    : graph(std::exchange(o.graph, nullptr)),
+      exec(std::exchange(o.exec, nullptr)),
+      flag_node(o.flag_node),
+      ctx(o.ctx),
+      flags(std::move(o.flags)) {}
+
+PeerExecutor::SdpGraph::~SdpGraph() {
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
 }
 
 void PeerExecutor::release_fast() {

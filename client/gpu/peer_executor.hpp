@@ -172,6 +172,10 @@ class PeerExecutor {
   // The SDP fast AllGather's steps as a CUDA graph: its three or four copies and its flag
   // operations, the flags' values set before each launch.
   struct SdpGraph {
+    SdpGraph() = default;
+    SdpGraph(SdpGraph&& o) noexcept;
+    SdpGraph& operator=(SdpGraph&&) = delete;
+    ~SdpGraph();  // an executable graph still running is freed once it is done
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     cudaGraphNode_t flag_node = nullptr;
@@ -183,7 +187,6 @@ class PeerExecutor {
   using SdpKey = std::array<std::uintptr_t, 4 + 3 * daemon::cuda::kFastMaxRanks>;
   static constexpr std::size_t kSdpGraphs = 64;
   SdpGraph* sdp_graph(const daemon::cuda::FastArgs& a);  // found or built (null: none; mu_ held)
-  static void destroy(SdpGraph& g) noexcept;
   void release_flags();  // on the rescue stream
   // The last fast op ran on `s`, `done` after it (null: none recorded); `held`: a mark owns it.
   void set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held);
