@@ -5,7 +5,7 @@
 // process holds an idle context on every GPU (as the daemon would).
 //
 //   nvcc -O2 -arch=sm_90 -o rank_side_probe scripts/diag/rank_side_probe.cu -lcuda
-//   ./rank_side_probe [--idle-daemon | --forms | --fused]
+//   ./rank_side_probe [--idle-daemon | --forms | --fused | --pushred]
 //
 // Prints per-iteration times for: the two-GPU barrier alone, one-shot AllReduce, two-shot
 // AllReduce (kernel, then copy-engine pull) and copy-engine AllGather, 8 B to 1 GiB.
@@ -217,7 +217,7 @@ static void host_barrier(Shared* sh) {
 template <class Barrier, class TimeLoop, class Reduce>
 static void run_forms(int me, float* in, float* out, float* pin, float* pout, unsigned long long* flags,
                       unsigned long long* pflags, cudaStream_t s, unsigned long long& seq, Barrier& barrier,
-                      TimeLoop& time_loop, Reduce& launch_reduce, bool fused_only) {
+                      TimeLoop& time_loop, Reduce& launch_reduce, bool fused_only, bool pushred_only) {
   const int peer = 1 - me;
   constexpr int kSide = 4;
   cudaStream_t side[kSide];
@@ -290,6 +290,80 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
 
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, me));
+  if (pushred_only) {
+    // --pushred: the two-shot AllReduce with both NVLink phases as copy-engine writes.
+    // Phase 1 pushes this rank's input part for the peer into the peer's scratch as ONE copy,
+    // then a barrier (no per-piece flags: those cost a copy stream 6-12 us each). Phase 2
+    // reduces piece p locally (own input + scratch, no NVLink) on s while side[0] pushes the
+    // reduced piece p-1 into the peer's output: only this rank's own events order them.
+    // Against "ar read+push" (the kernel reads the peer at 300-330 GB/s, then one push).
+    unsigned long long* wrong = nullptr;
+    CK(cudaMallocManaged(&wrong, sizeof *wrong));
+    for (size_t bytes : {size_t(16) << 20, size_t(64) << 20, size_t(128) << 20, size_t(256) << 20,
+                         size_t(512) << 20, kMax}) {
+      const int iters = bytes <= (size_t(64) << 20) ? 60 : bytes <= (size_t(256) << 20) ? 25 : 10;
+      const size_t n = bytes / 4, nh = n / 2, off = me * nh, poff = peer * nh;
+      if (me == 0) std::printf("-- %zu MiB (AllReduce busbw = algbw)\n", bytes >> 20);
+      for (bool in_place : {false, true}) {
+        float* dst = in_place ? in : out;
+        float* pdst = in_place ? pin : pout;
+        auto check = [&](const char* what, auto&& body) {
+          fill_rank<<<264, 512, 0, s>>>(in, n, me);
+          CK(cudaStreamSynchronize(s));
+          barrier();
+          body();
+          if (in_place) CK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, s));
+          *wrong = 0;
+          count_wrong<<<264, 512, 0, s>>>(out, n, wrong);
+          CK(cudaStreamSynchronize(s));
+          if (*wrong) std::printf("rank %d: %s: %llu wrong elements\n", me, what, *wrong);
+          CK(cudaMemsetAsync(out, 0, bytes, s));
+          fill_rank<<<264, 512, 0, s>>>(in, n, me);
+          CK(cudaStreamSynchronize(s));
+          barrier();
+        };
+        auto variant = [&](const char* what, auto&& body) {
+          char name[48];
+          std::snprintf(name, sizeof name, "%s%s", what, in_place ? " inpl" : "");
+          time_loop(name, bytes, iters, body);
+          check(name, body);
+        };
+        variant("ar read+push", [&] {
+          barrier();  // in place too: the peer's kernel reads only its own part of this input
+          launch_reduce(in + off, pin + off, dst + off, nh);
+          CK(cudaMemcpyAsync(pdst + off, dst + off, nh * 4, cudaMemcpyDeviceToDevice, s));
+          barrier();
+        });
+        for (int pieces : {1, 2, 4, 8, 16}) {
+          char what[40];
+          std::snprintf(what, sizeof what, "ar push+pipe p%d", pieces);
+          variant(what, [&] {
+            barrier();
+            CK(cudaMemcpyAsync(pscratch, in + poff, nh * 4, cudaMemcpyDeviceToDevice, s));
+            barrier();
+            const size_t per = ((nh + pieces - 1) / pieces + 3) / 4 * 4;
+            for (int p = 0; p < pieces; ++p) {
+              const size_t o = per * p;
+              if (o >= nh) break;
+              const size_t l = std::min(per, nh - o);
+              launch_reduce(in + off + o, scratch + o, dst + off + o, l);
+              CK(cudaEventRecord(piece_done[p], s));
+              CK(cudaStreamWaitEvent(side[0], piece_done[p], 0));
+              CK(cudaMemcpyAsync(pdst + off + o, dst + off + o, l * 4, cudaMemcpyDeviceToDevice, side[0]));
+            }
+            CK(cudaEventRecord(join[0], side[0]));
+            CK(cudaStreamWaitEvent(s, join[0], 0));
+            barrier();
+          });
+        }
+      }
+    }
+    CK(cudaFree(wrong));
+    CK(cudaIpcCloseMemHandle(pscratch_v));
+    CK(cudaFree(scratch));
+    std::remove(path);
+    return;
+  }
   if (fused_only) {
     unsigned long long* wrong = nullptr;
     CK(cudaMallocManaged(&wrong, sizeof *wrong));
@@ -653,7 +727,7 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
   std::remove(path);
 }
 
-static int child(int me, Shared* sh, bool forms, bool fused) {
+static int child(int me, Shared* sh, bool forms, bool fused, bool pushred) {
   const int peer = 1 - me;
   CK(cudaSetDevice(me));
   float *in, *out;
@@ -713,9 +787,9 @@ static int child(int me, Shared* sh, bool forms, bool fused) {
     if (n % 4) reduce2_tail<<<1, 4, 0, s>>>(a + n4 * 4, b + n4 * 4, o + n4 * 4, n % 4);
   };
   time_loop("barrier", 0, 2000, [&] { barrier(); });
-  if (forms || fused) {
+  if (forms || fused || pushred) {
     run_forms(me, in, out, static_cast<float*>(pin), static_cast<float*>(pout), flags,
-              static_cast<unsigned long long*>(pflags), s, seq, barrier, time_loop, launch_reduce, fused);
+              static_cast<unsigned long long*>(pflags), s, seq, barrier, time_loop, launch_reduce, fused, pushred);
     host_barrier(sh);
     return 0;
   }
@@ -754,6 +828,7 @@ int main(int argc, char** argv) {
   bool idle_daemon = argc > 1 && std::strcmp(argv[1], "--idle-daemon") == 0;
   bool forms = argc > 1 && std::strcmp(argv[1], "--forms") == 0;
   bool fused = argc > 1 && std::strcmp(argv[1], "--fused") == 0;
+  bool pushred = argc > 1 && std::strcmp(argv[1], "--pushred") == 0;
   auto* sh = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   new (sh) Shared{};
   pid_t idle = -1;
@@ -773,7 +848,7 @@ int main(int argc, char** argv) {
   pid_t kids[2];
   for (int r = 0; r < 2; ++r) {
     kids[r] = fork();
-    if (kids[r] == 0) return child(r, sh, forms, fused);
+    if (kids[r] == 0) return child(r, sh, forms, fused, pushred);
   }
   int rc = 0;
   for (pid_t k : kids) {
