@@ -88,6 +88,66 @@ __global__ void reduce2_tail(const float* a, const float* b, float* o, size_t n)
   if (i < n) o[i] = a[i] + b[i];
 }
 
+// --pushred, "tma": the reduce-scatter phase's remote reads as bulk asynchronous copies (the
+// SM's tensor memory accelerator, cp.async.bulk) of `tile` bytes of the peer's chunk into shared
+// memory, `stages` of them in flight per block, instead of 16-byte loads by every thread. The
+// local operand is read with plain loads. If the kernel's reads (300-330 GB/s whatever their
+// shape) are bound by their small requests rather than the link, bulk reads move more.
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void tma_fetch(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n W_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W_%=;\n}" ::"r"(
+          smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+// o = a + b over n4 float4s (n4 a multiple of tile4); b is the peer's.
+__global__ void reduce2_tma(const float4* a, const float4* b, float4* o, size_t n4, unsigned tile4, int stages) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ unsigned long long bars[16];
+  float4* buf = reinterpret_cast<float4*>(smem);
+  const size_t tiles = n4 / tile4;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < stages; ++i) mbar_init(&bars[i]);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  // Tile t of this block's k-th: blockIdx.x + k * gridDim.x, in stage k % stages.
+  if (threadIdx.x == 0)
+    for (int k = 0; k < stages; ++k) {
+      const size_t t = blockIdx.x + size_t(k) * gridDim.x;
+      if (t < tiles) tma_fetch(buf + size_t(k) * tile4, b + t * tile4, tile4 * 16, &bars[k]);
+    }
+  for (size_t k = 0;; ++k) {
+    const size_t t = blockIdx.x + k * gridDim.x;
+    if (t >= tiles) break;
+    const int st = static_cast<int>(k % stages);
+    mbar_wait(&bars[st], static_cast<unsigned>((k / stages) & 1));
+    const float4* sb = buf + size_t(st) * tile4;
+    for (unsigned i = threadIdx.x; i < tile4; i += blockDim.x) {
+      const float4 x = a[t * tile4 + i], y = sb[i];
+      o[t * tile4 + i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    }
+    __syncthreads();  // every thread is done with this stage before it is refilled
+    if (threadIdx.x == 0) {
+      const size_t tn = t + size_t(stages) * gridDim.x;
+      if (tn < tiles) tma_fetch(buf + size_t(st) * tile4, b + tn * tile4, tile4 * 16, &bars[st]);
+    }
+  }
+}
+
 // --fused. Flag word 2 of a rank's flag block counts the pieces its peer's producers delivered.
 __device__ unsigned long long ld_acquire_sys(const unsigned long long* p) {
   unsigned long long v;
@@ -323,7 +383,7 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
           barrier();
         };
         auto variant = [&](const char* what, auto&& body) {
-          char name[48];
+          char name[64];
           std::snprintf(name, sizeof name, "%s%s", what, in_place ? " inpl" : "");
           time_loop(name, bytes, iters, body);
           check(name, body);
@@ -334,7 +394,33 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
           CK(cudaMemcpyAsync(pdst + off, dst + off, nh * 4, cudaMemcpyDeviceToDevice, s));
           barrier();
         });
-        for (int pieces : {1, 2, 4, 8, 16}) {
+        // "tma": the kernel's reads of the peer as bulk copies (see reduce2_tma), then the
+        // usual push. Rounds through a bounded scratch (two slots by turns, a barrier each)
+        // were tried before it and measured 10-35% slower than read+push at every size.
+        for (unsigned tile : {8192u, 16384u, 32768u}) {
+          for (int stages : {4, 8}) {
+            for (int per_sm : {1, 2}) {
+              const size_t smem = size_t(tile) * stages;
+              if (smem * per_sm > 200 * 1024) continue;
+              const size_t tile4 = tile / 16;
+              if ((nh / 4) % tile4) continue;
+              char what[48];
+              std::snprintf(what, sizeof what, "ar tma t%uK s%d x%d", tile >> 10, stages, per_sm);
+              CK(cudaFuncSetAttribute(reduce2_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+              variant(what, [&] {
+                barrier();
+                reduce2_tma<<<sms * per_sm, 256, smem, s>>>(reinterpret_cast<const float4*>(in + off),
+                                                              reinterpret_cast<const float4*>(pin + off),
+                                                              reinterpret_cast<float4*>(dst + off), nh / 4,
+                                                              static_cast<unsigned>(tile4), stages);
+                CK(cudaGetLastError());
+                CK(cudaMemcpyAsync(pdst + off, dst + off, nh * 4, cudaMemcpyDeviceToDevice, s));
+                barrier();
+              });
+            }
+          }
+        }
+        for (int pieces : {8}) {
           char what[40];
           std::snprintf(what, sizeof what, "ar push+pipe p%d", pieces);
           variant(what, [&] {
