@@ -119,46 +119,6 @@ cudaError_t go(const ReduceArgs& a, cudaStream_t s, int max_blocks) {
   return cudaGetLastError();
 }
 
-template <class T>
-cudaError_t arith(const ReduceArgs& a, cudaStream_t s, int b) {
-  switch (a.op) {
-    case ipc::ReduceOp::Sum: return go<T, K::Sum>(a, s, b);
-    case ipc::ReduceOp::Product: return go<T, K::Prod>(a, s, b);
-    case ipc::ReduceOp::Min: return go<T, K::Min>(a, s, b);
-    case ipc::ReduceOp::Max: return go<T, K::Max>(a, s, b);
-    case ipc::ReduceOp::Avg:
-      if constexpr (std::is_integral_v<T>) return cudaErrorInvalidValue;
-      else return go<T, K::Avg>(a, s, b);
-    case ipc::ReduceOp::PremulSum:
-      if constexpr (std::is_integral_v<T>) return cudaErrorInvalidValue;
-      else return go<T, K::Premul>(a, s, b);
-    case ipc::ReduceOp::BAnd:
-      if constexpr (std::is_integral_v<T>) return go<T, K::And>(a, s, b);
-      else return cudaErrorInvalidValue;
-    case ipc::ReduceOp::BOr:
-      if constexpr (std::is_integral_v<T>) return go<T, K::Or>(a, s, b);
-      else return cudaErrorInvalidValue;
-    case ipc::ReduceOp::BXor:
-      if constexpr (std::is_integral_v<T>) return go<T, K::Xor>(a, s, b);
-      else return cudaErrorInvalidValue;
-  }
-  return cudaErrorInvalidValue;
-}
-
-// bool: any non-zero byte is true; SUM/MAX are OR, PRODUCT/MIN are AND (as torch's NCCL path).
-cudaError_t boolean(const ReduceArgs& a, cudaStream_t s, int b) {
-  switch (a.op) {
-    case ipc::ReduceOp::Sum:
-    case ipc::ReduceOp::Max:
-    case ipc::ReduceOp::BOr: return go<std::uint8_t, K::BoolOr>(a, s, b);
-    case ipc::ReduceOp::Product:
-    case ipc::ReduceOp::Min:
-    case ipc::ReduceOp::BAnd: return go<std::uint8_t, K::BoolAnd>(a, s, b);
-    case ipc::ReduceOp::BXor: return go<std::uint8_t, K::BoolXor>(a, s, b);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 __global__ void __launch_bounds__(kThreads) copy_kernel(const CopyArgs a, bool vec) {
   // blockIdx.y picks the pair; x-blocks stride over its bytes.
   const int p = static_cast<int>(blockIdx.y);
@@ -273,8 +233,8 @@ __global__ void __launch_bounds__(kThreads) fast_kernel(const FastArgs a, bool v
   }
 }
 
-// Calls F<T, k>::run(args...) for the kernel that a (dtype, reduce op) pair uses, the same
-// pairs as launch_reduce.
+// Calls F<T, k>::run(args...) for the kernel that a (dtype, reduce op) pair uses: every
+// launcher of this file (reduce, fast path, preload, support check) dispatches through it.
 template <template <class, K> class F, class T, class... Args>
 cudaError_t with_arith(ipc::ReduceOp op, Args&&... args) {
   switch (op) {
@@ -313,6 +273,7 @@ cudaError_t with_kernel(ipc::DType dtype, ipc::ReduceOp op, Args&&... args) {
     case ipc::DType::Int32: return with_arith<F, std::int32_t>(op, args...);
     case ipc::DType::Int64: return with_arith<F, std::int64_t>(op, args...);
     case ipc::DType::Bool:
+      // Any non-zero byte is true; SUM/MAX are OR, PRODUCT/MIN are AND (as torch's NCCL path).
       switch (op) {
         case ipc::ReduceOp::Sum:
         case ipc::ReduceOp::Max:
@@ -326,6 +287,11 @@ cudaError_t with_kernel(ipc::DType dtype, ipc::ReduceOp op, Args&&... args) {
   }
   return cudaErrorInvalidValue;
 }
+
+template <class T, K k>
+struct ReduceLaunch {
+  static cudaError_t run(const ReduceArgs& a, cudaStream_t s, int max_blocks) { return go<T, k>(a, s, max_blocks); }
+};
 
 template <class T, K k>
 struct FastLaunch {
@@ -353,18 +319,7 @@ struct Preload {
 cudaError_t launch_reduce(const ReduceArgs& a, cudaStream_t s, int max_blocks) {
   if (a.n < 1 || a.n > kMaxKernelInputs) return cudaErrorInvalidValue;
   if (a.count == 0) return cudaSuccess;
-  switch (a.dtype) {
-    case ipc::DType::Float32: return arith<float>(a, s, max_blocks);
-    case ipc::DType::Float64: return arith<double>(a, s, max_blocks);
-    case ipc::DType::Float16: return arith<__half>(a, s, max_blocks);
-    case ipc::DType::BFloat16: return arith<__nv_bfloat16>(a, s, max_blocks);
-    case ipc::DType::Int8: return arith<std::int8_t>(a, s, max_blocks);
-    case ipc::DType::UInt8: return arith<std::uint8_t>(a, s, max_blocks);
-    case ipc::DType::Int32: return arith<std::int32_t>(a, s, max_blocks);
-    case ipc::DType::Int64: return arith<std::int64_t>(a, s, max_blocks);
-    case ipc::DType::Bool: return boolean(a, s, max_blocks);
-  }
-  return cudaErrorInvalidValue;
+  return with_kernel<ReduceLaunch>(a.dtype, a.op, a, s, max_blocks);
 }
 
 cudaError_t launch_copy(const CopyArgs& a, cudaStream_t s, int max_blocks) {
