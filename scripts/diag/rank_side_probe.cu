@@ -347,6 +347,24 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
     CK(cudaEventRecord(join[kSide - 1], side[kSide - 1]));
   };
   auto own_join = [&] { CK(cudaStreamWaitEvent(s, join[kSide - 1], 0)); };
+  // This rank's part [off, off + len) reduced from its input and `other` (indexed from the
+  // part's start) into dst on s, in `pieces`; each piece pushed into pdst from side[0] once
+  // reduced, beside the next reduction. s then waits for the last push.
+  auto reduce_and_push_pieces = [&](const float* other, float* dst, float* pdst, size_t off, size_t len,
+                                    int pieces) {
+    const size_t per = ((len + pieces - 1) / pieces + 3) / 4 * 4;
+    for (int p = 0; p < pieces; ++p) {
+      const size_t o = per * p;
+      if (o >= len) break;
+      const size_t l = std::min(per, len - o);
+      launch_reduce(in + off + o, other + o, dst + off + o, l);
+      CK(cudaEventRecord(piece_done[p], s));
+      CK(cudaStreamWaitEvent(side[0], piece_done[p], 0));
+      CK(cudaMemcpyAsync(pdst + off + o, dst + off + o, l * 4, cudaMemcpyDeviceToDevice, side[0]));
+    }
+    CK(cudaEventRecord(join[0], side[0]));
+    CK(cudaStreamWaitEvent(s, join[0], 0));
+  };
 
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, me));
@@ -427,18 +445,7 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
             barrier();
             CK(cudaMemcpyAsync(pscratch, in + poff, nh * 4, cudaMemcpyDeviceToDevice, s));
             barrier();
-            const size_t per = ((nh + pieces - 1) / pieces + 3) / 4 * 4;
-            for (int p = 0; p < pieces; ++p) {
-              const size_t o = per * p;
-              if (o >= nh) break;
-              const size_t l = std::min(per, nh - o);
-              launch_reduce(in + off + o, scratch + o, dst + off + o, l);
-              CK(cudaEventRecord(piece_done[p], s));
-              CK(cudaStreamWaitEvent(side[0], piece_done[p], 0));
-              CK(cudaMemcpyAsync(pdst + off + o, dst + off + o, l * 4, cudaMemcpyDeviceToDevice, side[0]));
-            }
-            CK(cudaEventRecord(join[0], side[0]));
-            CK(cudaStreamWaitEvent(s, join[0], 0));
+            reduce_and_push_pieces(scratch, dst, pdst, off, nh, pieces);
             barrier();
           });
         }
@@ -736,18 +743,7 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
       std::snprintf(name, sizeof name, "ar read+push p%d", pieces);
       time_loop(name, bytes, iters, [&] {
         barrier();
-        const size_t per = ((len + pieces - 1) / pieces + 3) / 4 * 4;
-        for (int p = 0; p < pieces; ++p) {
-          const size_t o = per * p;
-          if (o >= len) break;
-          const size_t l = std::min(per, len - o);
-          launch_reduce(in + off + o, pin + off + o, out + off + o, l);
-          CK(cudaEventRecord(piece_done[p], s));
-          CK(cudaStreamWaitEvent(side[0], piece_done[p], 0));
-          CK(cudaMemcpyAsync(pout + off + o, out + off + o, l * 4, cudaMemcpyDeviceToDevice, side[0]));
-        }
-        CK(cudaEventRecord(join[0], side[0]));
-        CK(cudaStreamWaitEvent(s, join[0], 0));
+        reduce_and_push_pieces(pin + off, out, pout, off, len, pieces);
         barrier();
       });
     }
