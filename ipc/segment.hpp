@@ -115,11 +115,6 @@ static_assert((kMaxEvents + 1) * 8 <= kFlagBlockBytes);
 // (counts of the barriers the two ranks passed together), waited on by the block's owner.
 inline constexpr std::size_t kBarrierFlagBase = kMaxEvents + 8;
 static_assert((kBarrierFlagBase + kMaxLocalRanks) * 8 <= kFlagBlockBytes);
-// kFlagRankFast with SMDATAPARALLEL_OPTIMIZE_SDP: word kSdpFlagBase + w (its low 32 bits) is
-// written by local rank w to say its SDP fast AllGather's input is staged (client/gpu/
-// peer_executor.cpp, sdp_flags), waited on by the block's owner.
-inline constexpr std::size_t kSdpFlagBase = kBarrierFlagBase + kMaxLocalRanks;
-static_assert((kSdpFlagBase + kMaxLocalRanks) * 8 <= kFlagBlockBytes);
 
 struct SegmentSpec {
   std::string job_id;

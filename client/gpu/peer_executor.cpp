@@ -23,18 +23,14 @@ namespace {
 
 // Stream memory operations through the runtime's driver entry points (no libcuda link).
 using StreamValue = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-using StreamValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using StreamBatch = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 struct StreamOps {
   StreamValue wait = nullptr, write = nullptr;
-  StreamValue32 wait32 = nullptr, write32 = nullptr;
   StreamBatch batch = nullptr;  // several waits and writes in one call (null: one call each)
 };
 const StreamOps& stream_ops() {
   static const StreamOps ops{driver_entry<StreamValue>("cuStreamWaitValue64"),
                              driver_entry<StreamValue>("cuStreamWriteValue64"),
-                             driver_entry<StreamValue32>("cuStreamWaitValue32"),
-                             driver_entry<StreamValue32>("cuStreamWriteValue32"),
                              driver_entry<StreamBatch>("cuStreamBatchMemOp")};
   return ops;
 }
@@ -42,23 +38,45 @@ const StreamOps& stream_ops() {
 // Batch memory operations as graph nodes (the SDP fast AllGather's graph, run_fast_copies).
 using GraphAddMemOps = CUresult (*)(CUgraphNode*, CUgraph, const CUgraphNode*, std::size_t,
                                     const CUDA_BATCH_MEM_OP_NODE_PARAMS*);
+using GraphExecSetMemOps = CUresult (*)(CUgraphExec, CUgraphNode, const CUDA_BATCH_MEM_OP_NODE_PARAMS*);
 using CtxGetCurrent = CUresult (*)(CUcontext*);
 struct GraphOps {
   GraphAddMemOps add = nullptr;
+  GraphExecSetMemOps set = nullptr;
   CtxGetCurrent ctx = nullptr;
-  bool ok() const { return add && ctx; }
+  bool ok() const { return add && set && ctx; }
 };
 const GraphOps& graph_ops() {
   static const GraphOps ops{driver_entry<GraphAddMemOps>("cuGraphAddBatchMemOpNode"),
+                            driver_entry<GraphExecSetMemOps>("cuGraphExecBatchMemOpNodeSetParams"),
                             driver_entry<CtxGetCurrent>("cuCtxGetCurrent")};
   return ops;
 }
 
-// The SDP flag value of a pair's k-th SDP fast op (see PeerExecutor::sdp_flags). Four turns
-// (three would do): where SDP ops are all a rank's fast ops, the staging turn (seq % 2)
-// follows the phase, so 4 graphs per buffers instead of 6.
-constexpr std::uint32_t kSdpPhases = 4;
-std::uint32_t sdp_bit(std::uint32_t k) { return 1u << (k % kSdpPhases); }
+// A fast op's flag operations: raise this rank's flag in every peer, then wait for every
+// peer's in ours (one word per peer: that of thread block 0).
+std::vector<CUstreamBatchMemOpParams> flag_ops(const daemon::cuda::FastArgs& a) {
+  std::vector<CUstreamBatchMemOpParams> flags;
+  for (int r = 0; r < a.n; ++r) {
+    if (r == a.me) continue;
+    CUstreamBatchMemOpParams p{};
+    p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    p.writeValue.address = reinterpret_cast<CUdeviceptr>(a.signal[r]);
+    p.writeValue.value64 = a.seq;
+    p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    flags.push_back(p);
+  }
+  for (int r = 0; r < a.n; ++r) {
+    if (r == a.me) continue;
+    CUstreamBatchMemOpParams p{};
+    p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+    p.waitValue.address = reinterpret_cast<CUdeviceptr>(a.wait[r]);
+    p.waitValue.value64 = a.seq;
+    p.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    flags.push_back(p);
+  }
+  return flags;
+}
 
 // The flag allocation every rank publishes: the flag block (stream flags, plan barriers),
 // then the fast path's flags (row w written by local rank w, one word per thread block),
@@ -202,7 +220,6 @@ PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cu
   client->publish_flag_block(bytes);
   peer_flags_.assign(static_cast<std::size_t>(client->local_world_size()), nullptr);
   signals_sent_.assign(static_cast<std::size_t>(client->local_world_size()), 0);
-  sdp_pair_ops_.assign(static_cast<std::size_t>(client->local_world_size()), 0);
   signals_waited_.assign(static_cast<std::size_t>(client->local_world_size()), 0);
 }
 
@@ -364,7 +381,6 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   a.out = op.out;
   a.seq = op.seq;
   if (a.seq == 0 || a.seq > fast_seq_) throw std::runtime_error("a fast op without its reserved number");
-  SdpFlags sdp;
   try {
     const std::size_t stage = kFastStageOffset + static_cast<std::size_t>(a.seq % 2) * kFastStageBytes;
     for (int r = 0; r < a.n; ++r) {
@@ -377,7 +393,6 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
       a.wait[r] = reinterpret_cast<const std::uint64_t*>(mine + kFastFlagsOffset) +
                   static_cast<std::size_t>(s) * daemon::cuda::kFastMaxBlocks;
     }
-    if (op.copy_engines) sdp = sdp_flags(op);
   } catch (...) {
     // No peer mapping to raise flags in: this rank stops taking the path; its next request
     // tells the daemon, whose error releases the peers (and the job's end does in any case).
@@ -406,10 +421,6 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
         for (int b = 0; b < daemon::cuda::fast_blocks(a); ++b)
           ops.write(reinterpret_cast<CUstream>(fast_stream_), reinterpret_cast<CUdeviceptr>(a.signal[r] + b), a.seq,
                     CU_STREAM_WRITE_VALUE_DEFAULT);
-    for (const auto& p : sdp.ops)
-      if (p.operation == CU_STREAM_MEM_OP_WRITE_VALUE_32)
-        ops.write32(reinterpret_cast<CUstream>(fast_stream_), p.writeValue.address, p.writeValue.value,
-                    CU_STREAM_WRITE_VALUE_DEFAULT);
     set_last_fast_locked(fast_stream_, nullptr, false);
     throw std::runtime_error(why);
   };
@@ -434,7 +445,7 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   }
   if (op.copy_engines && op.op == ipc::OpType::AllGather) {
     try {
-      run_fast_copies(a, sdp, s);
+      run_fast_copies(a, s);
     } catch (...) {
       fast_off_ = true;
       set_last_fast_locked(s, nullptr, false);  // what it enqueued still orders the next op
@@ -464,50 +475,9 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   return {s, done};
 }
 
-PeerExecutor::SdpFlags PeerExecutor::sdp_flags(const FastOp& op) {
-  // A pair's k-th SDP fast op raises bit k % 4 (1, 2, 4, 8 by turns) in the peer's word for
-  // this rank and waits for bit k % 4 or the next one in this rank's word for the peer. The
-  // peer can be one op of the pair ahead, never two: its next op's wait needs this rank's flag
-  // for that op, which this rank raises only after this op's wait. So the word holds the
-  // previous op's bit, this one's or the next one's, and only the first fails the wait; the
-  // values repeat every four ops of a pair, and the graph built for a phase needs no update
-  // before its launches (a wait for a growing number did: one driver call more per op).
-  SdpFlags f;
-  const auto word = [](void* block, int slot) {
-    return reinterpret_cast<CUdeviceptr>(static_cast<std::uint64_t*>(block) + ipc::kSdpFlagBase + slot);
-  };
-  for (std::size_t r = 0; r < op.slots.size(); ++r) {
-    const int slot = op.slots[r];
-    if (static_cast<int>(r) == op.me) continue;
-    const std::uint32_t k = sdp_pair_ops_.at(static_cast<std::size_t>(slot));
-    CUstreamBatchMemOpParams p{};
-    p.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-    p.writeValue.address = word(peer_flags(slot), my_slot_);
-    p.writeValue.value = sdp_bit(k);
-    p.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
-    f.ops.push_back(p);
-    f.phases |= static_cast<std::uint64_t>(k % kSdpPhases) << (2 * r);
-  }
-  for (std::size_t r = 0; r < op.slots.size(); ++r) {
-    const int slot = op.slots[r];
-    if (static_cast<int>(r) == op.me) continue;
-    const std::uint32_t k = sdp_pair_ops_.at(static_cast<std::size_t>(slot));
-    CUstreamBatchMemOpParams p{};
-    p.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-    p.waitValue.address = word(flag_block_, slot);
-    p.waitValue.value = sdp_bit(k) | sdp_bit(k + 1);
-    p.waitValue.flags = CU_STREAM_WAIT_VALUE_AND;
-    f.ops.push_back(p);
-  }
-  // Counted now: from here on the op is enqueued, or the path goes off on this rank.
-  for (std::size_t r = 0; r < op.slots.size(); ++r)
-    if (static_cast<int>(r) != op.me) ++sdp_pair_ops_.at(static_cast<std::size_t>(op.slots[r]));
-  return f;
-}
-
-void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, const SdpFlags& sdp, cudaStream_t s) {
-  // The kernel's steps, by copy engines and stream memory operations (one flag word per peer,
-  // see sdp_flags), in few driver calls: a small AllGather is bound by how fast the
+void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t s) {
+  // The kernel's steps, by copy engines and stream memory operations (one flag word per peer:
+  // that of thread block 0), in few driver calls: a small AllGather is bound by how fast the
   // CPU issues it (with 2 ranks: three copies and one batch of flag operations). Once
   // enqueued the op must run to its end, or the peers would wait for this rank's flag: a
   // failed copy only makes the result wrong, and is reported.
@@ -522,14 +492,19 @@ void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, const SdpFla
     stats_.copies += n_copies;
     if (auto c = client_.lock()) c->count_gpu_work(ipc::OpType::AllGather, 0, n_copies);
   };
-  // The same steps as a CUDA graph, built once per buffers, staging turn and flag phase: one
-  // launch instead of three or four driver calls (session 9, calls 4 and 5, when a launch
-  // also needed an update of the flag values: 3-4 us less per small op, 35 against 38 us in
-  // place and 33 against 37 out of place on one lease). A graph that cannot be built or launched leaves the op to the calls below
+  // The same steps as a CUDA graph, built once per buffers and staging turn: one launch and
+  // one update of its flag values instead of three or four driver calls (session 9, calls 4
+  // and 5: 3-4 us less per small op, 35 against 38 us in place and 33 against 37 out of place
+  // on one lease). A graph that cannot be built or launched leaves the op to the calls below
   // (nothing of it was enqueued), and this rank to them from then on. SMDDP_SDP_FAST_GRAPH=0:
   // no graphs.
-  if (SdpGraph* g = sdp_graph(a, sdp)) {
-    if (cudaGraphLaunch(g->exec, s) == cudaSuccess) {
+  if (SdpGraph* g = sdp_graph(a)) {
+    for (auto& p : g->flags) {
+      if (p.operation == CU_STREAM_MEM_OP_WRITE_VALUE_64) p.writeValue.value64 = a.seq;
+      else p.waitValue.value64 = a.seq;
+    }
+    CUDA_BATCH_MEM_OP_NODE_PARAMS params{g->ctx, static_cast<unsigned>(g->flags.size()), g->flags.data(), 0};
+    if (graph_ops().set(g->exec, g->flag_node, &params) == CUDA_SUCCESS && cudaGraphLaunch(g->exec, s) == cudaSuccess) {
       count_copies();
       return;
     }
@@ -579,18 +554,18 @@ void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, const SdpFla
   }
   copies();
   // 2. Raise this rank's flag in every peer, then wait for every peer's in ours.
-  auto flags = sdp.ops;  // the batch call takes them non-const
+  auto flags = flag_ops(a);
   if (!ops.batch ||
       ops.batch(reinterpret_cast<CUstream>(s), static_cast<unsigned>(flags.size()), flags.data(), 0) != CUDA_SUCCESS) {
     for (const auto& p : flags) {
-      if (p.operation == CU_STREAM_MEM_OP_WRITE_VALUE_32)
-        note(ops.write32(reinterpret_cast<CUstream>(s), p.writeValue.address, p.writeValue.value, p.writeValue.flags) ==
+      if (p.operation == CU_STREAM_MEM_OP_WRITE_VALUE_64)
+        note(ops.write(reinterpret_cast<CUstream>(s), p.writeValue.address, p.writeValue.value64, p.writeValue.flags) ==
                  CUDA_SUCCESS,
-             "cuStreamWriteValue32 failed");
+             "cuStreamWriteValue64 failed");
       else
-        note(ops.wait32(reinterpret_cast<CUstream>(s), p.waitValue.address, p.waitValue.value, p.waitValue.flags) ==
+        note(ops.wait(reinterpret_cast<CUstream>(s), p.waitValue.address, p.waitValue.value64, p.waitValue.flags) ==
                  CUDA_SUCCESS,
-             "cuStreamWaitValue32 failed");
+             "cuStreamWaitValue64 failed");
     }
   }
   // 3. The peers' staging into their blocks.
@@ -604,7 +579,7 @@ void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, const SdpFla
   if (!failed.empty()) throw std::runtime_error(failed);
 }
 
-PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const daemon::cuda::FastArgs& a, const SdpFlags& sdp) {
+PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const daemon::cuda::FastArgs& a) {
   static const bool wanted = [] {
     const char* v = std::getenv("SMDDP_SDP_FAST_GRAPH");
     return !(v && std::string_view(v) == "0");
@@ -616,8 +591,7 @@ PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const daemon::cuda::FastArgs& a,
   key[k++] = reinterpret_cast<std::uintptr_t>(a.in);
   key[k++] = reinterpret_cast<std::uintptr_t>(a.out);
   key[k++] = bytes;
-  key[k++] = (static_cast<std::uintptr_t>(sdp.phases) << 16) | (static_cast<std::uintptr_t>(a.n) << 8) |
-             static_cast<std::uintptr_t>(a.me);
+  key[k++] = (static_cast<std::uintptr_t>(a.n) << 8) | static_cast<std::uintptr_t>(a.me);
   for (int r = 0; r < a.n; ++r) {
     key[k++] = reinterpret_cast<std::uintptr_t>(a.stage[r]);
     key[k++] = reinterpret_cast<std::uintptr_t>(a.signal[r]);
@@ -650,14 +624,12 @@ PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const daemon::cuda::FastArgs& a,
         return false;
       last = node;
     }
-    CUcontext ctx = nullptr;
-    if (graph_ops().ctx(&ctx) != CUDA_SUCCESS) return false;
-    auto flags = sdp.ops;  // the node copies them
-    const CUDA_BATCH_MEM_OP_NODE_PARAMS params{ctx, static_cast<unsigned>(flags.size()), flags.data(), 0};
-    cudaGraphNode_t flag_node = nullptr;
-    if (graph_ops().add(&flag_node, g.graph, &last, 1, &params) != CUDA_SUCCESS) return false;
+    g.flags = flag_ops(a);
+    if (graph_ops().ctx(&g.ctx) != CUDA_SUCCESS) return false;
+    const CUDA_BATCH_MEM_OP_NODE_PARAMS params{g.ctx, static_cast<unsigned>(g.flags.size()), g.flags.data(), 0};
+    if (graph_ops().add(&g.flag_node, g.graph, &last, 1, &params) != CUDA_SUCCESS) return false;
     for (int r = 0; r < a.n; ++r)
-      if (r != a.me && cudaGraphAddMemcpyNode1D(&node, g.graph, &flag_node, 1, out + static_cast<std::uint64_t>(r) * bytes,
+      if (r != a.me && cudaGraphAddMemcpyNode1D(&node, g.graph, &g.flag_node, 1, out + static_cast<std::uint64_t>(r) * bytes,
                                                 a.stage[r], bytes, cudaMemcpyDeviceToDevice) != cudaSuccess)
         return false;
     return cudaGraphInstantiate(&g.exec, g.graph, 0) == cudaSuccess;
@@ -677,7 +649,11 @@ PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const daemon::cuda::FastArgs& a,
 }
 
 PeerExecutor::SdpGraph::SdpGraph(SdpGraph&& o) noexcept
-    : graph(std::exchange(o.graph, nullptr)), exec(std::exchange(o.exec, nullptr)) {}
+    : graph(std::exchange(o.graph, nullptr)),
+      exec(std::exchange(o.exec, nullptr)),
+      flag_node(o.flag_node),
+      ctx(o.ctx),
+      flags(std::move(o.flags)) {}
 
 PeerExecutor::SdpGraph::~SdpGraph() {
   if (exec) cudaGraphExecDestroy(exec);
@@ -696,10 +672,6 @@ void PeerExecutor::release_flags() {
   // (with whatever the staging held) and the streams behind them drain.
   if (cudaMemsetAsync(static_cast<std::byte*>(flag_block_) + kFastFlagsOffset, 0x7f, kFastFlagsBytes, rescue_stream_) !=
       cudaSuccess)
-    cudaGetLastError();
-  // The SDP flags: every bit, which every wait for them takes.
-  if (cudaMemsetAsync(static_cast<std::uint64_t*>(flag_block_) + ipc::kSdpFlagBase, 0xff,
-                      std::size_t{ipc::kMaxLocalRanks} * 8, rescue_stream_) != cudaSuccess)
     cudaGetLastError();
 }
 

@@ -168,16 +168,9 @@ class PeerExecutor {
   };
   cudaEvent_t take_event();  // from the pool, or a new one (mu_ held)
   void order_after_locked(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done);
-  // The SDP fast AllGather's flag operations (writes to every peer, then waits for every
-  // peer) and their phase by peer (2 bits each, in member order): see sdp_flags().
-  struct SdpFlags {
-    std::vector<CUstreamBatchMemOpParams> ops;
-    std::uint64_t phases = 0;
-  };
-  SdpFlags sdp_flags(const FastOp& op);  // counts the op for its pairs (mu_ held)
-  void run_fast_copies(const daemon::cuda::FastArgs& a, const SdpFlags& sdp, cudaStream_t s);  // mu_ held
+  void run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t s);  // mu_ held
   // The SDP fast AllGather's steps as a CUDA graph: its three or four copies and its flag
-  // operations, whose values depend only on the op's phases.
+  // operations, the flags' values set before each launch.
   struct SdpGraph {
     SdpGraph() = default;
     SdpGraph(SdpGraph&& o) noexcept;
@@ -185,12 +178,15 @@ class PeerExecutor {
     ~SdpGraph();  // an executable graph still running is freed once it is done
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
+    cudaGraphNode_t flag_node = nullptr;
+    CUcontext ctx = nullptr;
+    std::vector<CUstreamBatchMemOpParams> flags;
   };
-  // (input, output, bytes, phases with members and index, then every member's staging and
-  // flag words): what the graph's nodes name.
+  // (input, output, bytes, members and index, then every member's staging and flag words):
+  // what the graph's nodes name.
   using SdpKey = std::array<std::uintptr_t, 4 + 3 * daemon::cuda::kFastMaxRanks>;
   static constexpr std::size_t kSdpGraphs = 64;
-  SdpGraph* sdp_graph(const daemon::cuda::FastArgs& a, const SdpFlags& sdp);  // found or built (null: none; mu_ held)
+  SdpGraph* sdp_graph(const daemon::cuda::FastArgs& a);  // found or built (null: none; mu_ held)
   void release_flags();  // on the rescue stream
   // The last fast op ran on `s`, `done` after it (null: none recorded); `held`: a mark owns it.
   void set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held);
@@ -256,8 +252,6 @@ class PeerExecutor {
   std::deque<SdpKey> sdp_order_;  // oldest first
   bool sdp_graphs_off_ = false;   // one could not be built or launched, or they seldom repeat
   std::uint64_t sdp_graph_builds_ = 0, sdp_graph_hits_ = 0;
-  // By peer slot: the SDP fast ops this rank ran with that peer (their flags' phase).
-  std::vector<std::uint32_t> sdp_pair_ops_;
 
   mutable std::mutex mu_;  // everything below, and the members above after construction
   std::map<std::uint64_t, LocalOp> expected_;
