@@ -518,6 +518,16 @@ void ClientImpl::count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t 
   slot_.gpu_copies.fetch_add(copies, std::memory_order_relaxed);
 }
 
+Client::GpuWork ClientImpl::gpu_work() const {
+  GpuWork w;
+  for (std::size_t i = 0; i < w.ops.size(); ++i) {
+    w.ops[i] = slot_.gpu_ops[i].load(std::memory_order_relaxed);
+    w.kernels[i] = slot_.gpu_kernels[i].load(std::memory_order_relaxed);
+  }
+  w.copies = slot_.gpu_copies.load(std::memory_order_relaxed);
+  return w;
+}
+
 void ClientImpl::set_failure_handler(std::function<void()> handler) {
   std::lock_guard lk(mu_);
   failure_handler_ = std::move(handler);

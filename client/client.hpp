@@ -297,6 +297,13 @@ class Client {
     (void)kernels;
     (void)copies;
   }
+  // What count_gpu_work() counted so far in this rank's slot (what smddp-ctl status sums over
+  // the ranks): by operation type (index: OpType), and the copies of every type.
+  struct GpuWork {
+    std::array<std::uint64_t, ipc::kOpTypeCount> ops{}, kernels{};
+    std::uint64_t copies = 0;
+  };
+  virtual GpuWork gpu_work() const { return {}; }
 };
 using ClientPtr = std::shared_ptr<Client>;
 

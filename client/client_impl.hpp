@@ -124,6 +124,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void set_exec_handler(ExecHandler handler) override;
   void set_failure_handler(std::function<void()> handler) override;
   void count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t copies) override;
+  GpuWork gpu_work() const override;
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
   std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);

@@ -61,6 +61,26 @@ py::object client_info() {
   return d;
 }
 
+// This rank's GPU work so far, by operation ({"allgather": {"ops": n, "kernels": k}, ...} for
+// the types it ran, and "copies"): what smddp-ctl status sums over the ranks.
+py::object gpu_work() {
+  auto c = current_client();
+  if (!c) {
+    return py::none();
+  }
+  const auto w = c->gpu_work();
+  py::dict d;
+  for (std::size_t i = 0; i < w.ops.size(); ++i) {
+    if (w.ops[i] == 0) continue;
+    py::dict op;
+    op["ops"] = w.ops[i];
+    op["kernels"] = w.kernels[i];
+    d[py::str(std::string(ipc::to_string(static_cast<ipc::OpType>(i))))] = op;
+  }
+  d["copies"] = w.copies;
+  return d;
+}
+
 }  // namespace
 }  // namespace smddp::torch_plugin
 
@@ -87,6 +107,9 @@ PYBIND11_MODULE(_smddp_c, m) {
   }, py::call_guard<py::gil_scoped_release>(),
         "Detaches this rank from its daemon (registered with atexit: torch 2.x keeps process groups, "
         "and so the client, alive until the process ends, and the daemon must see a clean exit).");
+  m.def("gpu_work", &gpu_work,
+        "This rank's GPU work so far by operation: operations and kernel launches (and copies), "
+        "as smddp-ctl status sums them over the ranks; None before the rank attached.");
   m.def("client_info", &client_info,
         "The attached client's view of the job (rank, local rank, node, daemon pid...), or None.");
   // Launch path 2 (_launch.py) starts a daemon and waits for its segment; the names come from

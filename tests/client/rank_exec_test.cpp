@@ -315,6 +315,13 @@ TEST(ClientRankExec, GpuWorkIsCountedInTheRanksSlotByOperation) {
   EXPECT_EQ(slot.gpu_ops[static_cast<int>(OpType::AllReduce)].load(), 1u);
   EXPECT_EQ(slot.gpu_kernels[static_cast<int>(OpType::AllReduce)].load(), 1u);
   EXPECT_EQ(slot.gpu_copies.load(), 5u);
+  // The rank reads back what it counted (the plugin's gpu_work(), for tests and operators).
+  const auto w = c->gpu_work();
+  EXPECT_EQ(w.ops[static_cast<int>(OpType::AllGather)], 2u);
+  EXPECT_EQ(w.kernels[static_cast<int>(OpType::AllGather)], 0u);
+  EXPECT_EQ(w.ops[static_cast<int>(OpType::AllReduce)], 1u);
+  EXPECT_EQ(w.kernels[static_cast<int>(OpType::AllReduce)], 1u);
+  EXPECT_EQ(w.copies, 5u);
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 """Training parity on the GPU path: a small transformer trained for 30 steps with DDP (fp32
 and bf16 autocast), FSDP1 FULL_SHARD and FSDP2 fully_shard, once over an smddp group and once
 over an NCCL group of the same job, from the same seed and data. The per-step losses (and
-FSDP2's full_tensor() parameters) must agree (fp32: rtol 1e-5)."""
+FSDP2's full_tensor() parameters) must agree (fp32: rtol 1e-5). FSDP1 and FSDP2 run a second
+time over an smddp group made with SMDATAPARALLEL_OPTIMIZE_SDP=true, as SMDDP's users of
+sharded data parallelism set it: their AllGathers then take the copy-engine path (and, when
+small, its CUDA graphs, whose buffers FSDP allocates anew)."""
 
 import faulthandler
 import os
@@ -28,6 +31,9 @@ dev = torch.device("cuda", local)
 rank, W = init()
 nccl = dist.new_group(backend="nccl")
 smddp = dist.new_group(backend="smddp")
+os.environ["SMDATAPARALLEL_OPTIMIZE_SDP"] = "true"  # read when a group is made
+smddp_sdp = dist.new_group(backend="smddp")
+os.environ.pop("SMDATAPARALLEL_OPTIMIZE_SDP")
 chk = Checker(rank)
 STEPS = 30
 VOCAB, DIM = 256, 64
@@ -84,8 +90,8 @@ def train(kind, group):
     return losses, params
 
 
-def parity(kind):
-    a, pa = train(kind, smddp)
+def parity(kind, group):
+    a, pa = train(kind, group)
     if rank == 0:
         print("%s: smddp done at %.1f s" % (kind, time.time() - T0), flush=True)
     b, pb = train(kind, nccl)
@@ -101,7 +107,32 @@ def parity(kind):
 
 
 for kind in ("ddp", "ddp_bf16", "fsdp1", "fsdp2"):
-    chk.run("training.%s" % kind, parity, kind)
+    chk.run("training.%s" % kind, parity, kind, smddp)
+def allgather_work():
+    """(AllGathers, kernel launches for them) this rank's GPU ran so far through smddp."""
+    from smdistributed.dataparallel.torch import _smddp_c
+    a = (_smddp_c.gpu_work() or {}).get("allgather", {})
+    return a.get("ops", 0), a.get("kernels", 0)
+
+
+def sdp_parity(kind):
+    ops0, kernels0 = allgather_work()
+    err = parity(kind, smddp_sdp)
+    if err:
+        return err
+    ops1, kernels1 = allgather_work()
+    if ops1 == ops0:
+        return "no AllGather ran on this rank's GPU through the SDP group"
+    if kernels1 != kernels0:
+        return "%d kernel launches for %d AllGathers with SMDATAPARALLEL_OPTIMIZE_SDP (copy engines only)" % (
+            kernels1 - kernels0, ops1 - ops0)
+    if rank == 0:
+        print("%s over the SDP group: %d AllGathers, no kernel" % (kind, ops1 - ops0), flush=True)
+    return None
+
+
+for kind in ("fsdp1", "fsdp2"):
+    chk.run("training.%s_sdp" % kind, sdp_parity, kind)
 torch.cuda.synchronize()
 dist.barrier()
 rc = chk.finish()
