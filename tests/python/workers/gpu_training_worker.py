@@ -57,6 +57,14 @@ def batch(step):
     return x.to(dev), torch.roll(x, 1, 1).to(dev)
 
 
+# FSDP2's meshes, by group. Meshes over the same ranks compare (and hash) equal unless their
+# dimension names differ, and DTensor's caches then hand one run's mesh, and so its process
+# group, to the next run's full_tensor(): with one name for every group, the NCCL run's
+# full_tensor() went through smddp (and the SDP run's through the kernel group).
+def mesh_name(group):
+    return "nccl" if group is nccl else ("smddp_sdp" if group is smddp_sdp else "smddp")
+
+
 def train(kind, group):
     torch.manual_seed(0)
     model = Model().to(dev)
@@ -69,7 +77,7 @@ def train(kind, group):
     elif kind == "fsdp2":
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
-        mesh = DeviceMesh.from_group(group, "cuda")
+        mesh = DeviceMesh.from_group(group, "cuda", mesh_dim_names=(mesh_name(group),))
         for layer in model.enc.layers:
             fully_shard(layer, mesh=mesh)
         m = fully_shard(model, mesh=mesh)
