@@ -402,6 +402,15 @@ def check_sequence_number():
         return "ranks disagree on the sequence number: %r" % nums
 
 
+def check_gpu_work_of_host_tensors():
+    # The rank's GPU work counters (what smddp-ctl status sums): host tensors run none.
+    from smdistributed.dataparallel.torch import _smddp_c
+    w = _smddp_c.gpu_work()
+    if w != {"copies": 0}:
+        return "gpu_work() after host collectives only: %r" % (w,)
+
+
+chk.run("gpu_work_of_host_tensors", check_gpu_work_of_host_tensors)
 chk.run("future_without_wait", check_future_without_wait)
 chk.run("future_then", check_future_then)
 chk.run("many_async", check_many_async)
