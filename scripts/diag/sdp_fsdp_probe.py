@@ -4,14 +4,19 @@ SMDATAPARALLEL_OPTIMIZE_SDP=true (run under smddprun with 2 ranks on the GPU mac
     smddprun --nproc-per-node 2 -- python3 scripts/diag/sdp_fsdp_probe.py
 
 Rank 0 prints this rank's AllGather operations and kernel launches (the plugin's gpu_work())
-after each step, and which process group each AllGather that reached the backend came from."""
+after each step; each rank prints which group its torch.distributed all_gather calls named
+(DTensor's, through functional collectives, do not pass there)."""
 import os
+import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
 from smdistributed.dataparallel.torch import _smddp_c
+
+# The training parity test's model.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "python", "workers"))
+from tiny_transformer import VOCAB, Model  # noqa: E402
 
 local = int(os.environ.get("LOCAL_RANK", "0"))
 torch.cuda.set_device(local)
@@ -51,21 +56,6 @@ for name in ("all_gather_into_tensor", "all_gather", "_all_gather_base", "all_ga
     setattr(dist, name, wrap())
 
 mark("start")
-VOCAB, DIM = 256, 64
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, DIM)
-        layer = nn.TransformerEncoderLayer(DIM, 4, 128, dropout=0.0, batch_first=True)
-        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.head = nn.Linear(DIM, VOCAB)
-
-    def forward(self, x):
-        return self.head(self.enc(self.emb(x)))
-
-
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from common import Checker, init
+from tiny_transformer import VOCAB, Model
 
 # A run cut by its time limit says where every rank was (SMDDP_TEST_STACKS_AFTER seconds).
 if os.environ.get("SMDDP_TEST_STACKS_AFTER"):
@@ -36,19 +37,6 @@ smddp_sdp = dist.new_group(backend="smddp")
 os.environ.pop("SMDATAPARALLEL_OPTIMIZE_SDP")
 chk = Checker(rank)
 STEPS = 30
-VOCAB, DIM = 256, 64
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, DIM)
-        layer = nn.TransformerEncoderLayer(DIM, 4, 128, dropout=0.0, batch_first=True)
-        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.head = nn.Linear(DIM, VOCAB)
-
-    def forward(self, x):
-        return self.head(self.enc(self.emb(x)))
 
 
 def batch(step):
