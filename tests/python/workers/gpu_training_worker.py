@@ -102,8 +102,6 @@ def parity(kind, group):
     return None
 
 
-for kind in ("ddp", "ddp_bf16", "fsdp1", "fsdp2"):
-    chk.run("training.%s" % kind, parity, kind, smddp)
 def allgather_work():
     """(AllGathers, kernel launches for them) this rank's GPU ran so far through smddp."""
     from smdistributed.dataparallel.torch import _smddp_c
@@ -127,6 +125,8 @@ def sdp_parity(kind):
     return None
 
 
+for kind in ("ddp", "ddp_bf16", "fsdp1", "fsdp2"):
+    chk.run("training.%s" % kind, parity, kind, smddp)
 for kind in ("fsdp1", "fsdp2"):
     chk.run("training.%s_sdp" % kind, sdp_parity, kind)
 torch.cuda.synchronize()
