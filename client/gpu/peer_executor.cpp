@@ -248,8 +248,6 @@ PeerExecutor::~PeerExecutor() {
   for (auto& [key, m] : maps_)
     if (m.ptr) cudaIpcCloseMemHandle(m.ptr);
   for (void* p : to_close_) cudaIpcCloseMemHandle(p);
-  for (const auto& c : closing_)
-    for (void* p : c.ptrs) cudaIpcCloseMemHandle(p);
   for (auto* f : peer_flags_)
     if (f) cudaIpcCloseMemHandle(f);
   sdp_graphs_.clear();
@@ -369,6 +367,7 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
                                                 bool dry_only) {
   std::lock_guard lk(mu_);
   DeviceScope scope(device_);
+  if (!to_close_.empty()) close_released();  // before this op goes on the GPU
   daemon::cuda::FastArgs a;
   a.op = op.op;
   a.dtype = op.dtype;
@@ -460,9 +459,10 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   }
   // On the caller's stream nothing more is needed now: who must follow the op (another
   // stream, the next fast op elsewhere) records a mark on that stream when it does. Without
-  // an event (a failed record) the same holds on the fast stream.
+  // an event (a failed record) the same holds on the fast stream. While mappings wait to be
+  // closed, an event marks the op's end there too (no_work_pending_locked looks for it).
   cudaEvent_t done = nullptr;
-  if (!on_user_stream) {
+  if (!on_user_stream || !to_close_.empty()) {
     done = take_event();
     if (cudaEventRecord(done, s) != cudaSuccess) {
       cudaGetLastError();
@@ -733,8 +733,9 @@ void PeerExecutor::on_completion(std::uint64_t token, const ipc::CompletionDesc&
 
 void PeerExecutor::drain() {
   std::lock_guard lk(mu_);
-  if (ready_.empty()) return;
+  if (ready_.empty() && to_close_.empty()) return;
   DeviceScope scope(device_);
+  close_released();  // before the plans' work goes on the GPU
   while (!ready_.empty()) {
     Plan p = std::move(ready_.front());
     ready_.pop_front();
@@ -745,38 +746,48 @@ void PeerExecutor::drain() {
     }
     if (p.local.ready) free_events_.push_back(p.local.ready);
   }
-  close_released();
+}
+
+bool PeerExecutor::no_work_pending_locked() {
+  for (cudaStream_t st : {stream_, side_, fast_stream_, rescue_stream_}) {
+    if (!st) continue;
+    const auto q = cudaStreamQuery(st);
+    if (q == cudaSuccess) continue;
+    if (q != cudaErrorNotReady) cudaGetLastError();
+    return false;
+  }
+  if (!last_fast_stream_ || last_fast_stream_ == fast_stream_) return true;
+  // The last fast op ran on a caller's stream; fast ops run in issue order, so its end is
+  // every one's. One issued before a close was due has no event: one is recorded after it now
+  // (and after what the caller queued since, which only waits longer), unless that stream is
+  // being captured into a graph, where the record would join the graph.
+  if (!last_fast_done_) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(last_fast_stream_, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {
+      cudaGetLastError();
+      return false;
+    }
+    cudaEvent_t ev = take_event();
+    if (cudaEventRecord(ev, last_fast_stream_) != cudaSuccess) {
+      cudaGetLastError();
+      free_events_.push_back(ev);
+      return false;
+    }
+    set_last_fast_locked(last_fast_stream_, ev, false);
+  }
+  const auto q = cudaEventQuery(last_fast_done_);
+  if (q == cudaSuccess) return true;
+  if (q != cudaErrorNotReady) cudaGetLastError();
+  return false;
 }
 
 void PeerExecutor::close_released() {
-  if (!to_close_.empty()) {
-    Closing c;
-    c.ptrs.swap(to_close_);
-    c.after = take_event();
-    if (cudaEventRecord(c.after, stream_) != cudaSuccess) {
-      cudaGetLastError();
-      // Without the event: after everything this rank's streams were given so far.
-      cudaStreamSynchronize(stream_);
-      cudaStreamSynchronize(side_);
-      cudaGetLastError();
-      free_events_.push_back(c.after);
-      c.after = nullptr;
-    }
-    closing_.push_back(std::move(c));
+  if (to_close_.empty() || !no_work_pending_locked()) return;
+  for (void* p : to_close_) {
+    if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
+    ++stats_.mappings_closed;
   }
-  std::erase_if(closing_, [this](Closing& c) {
-    if (c.after) {
-      const auto q = cudaEventQuery(c.after);
-      if (q == cudaErrorNotReady) return false;
-      if (q != cudaSuccess) cudaGetLastError();
-      free_events_.push_back(c.after);
-    }
-    for (void* p : c.ptrs) {
-      if (cudaIpcCloseMemHandle(p) != cudaSuccess) cudaGetLastError();
-      ++stats_.mappings_closed;
-    }
-    return true;
-  });
+  to_close_.clear();
 }
 
 std::optional<std::string> PeerExecutor::take_error(std::uint64_t token) {

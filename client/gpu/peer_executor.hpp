@@ -238,14 +238,13 @@ class PeerExecutor {
   // of each; every member of an op sends and waits as often, in the same order).
   std::vector<std::uint64_t> signals_sent_, signals_waited_;
   std::map<std::pair<int, std::uint64_t>, Mapping> maps_;  // (slot, alloc id)
-  // Mappings of allocations their owners freed (or whose id now names other bytes): closed
-  // once the work enqueued before the notice is done, which close_released() checks.
+  // Mappings of allocations their owners freed (or whose id now names other bytes). Closing
+  // one may synchronize the whole device, so it waits until every GPU op this rank enqueued
+  // is done: else the device could wait for a peer whose matching op waits, in its own close,
+  // for this rank to enqueue the next one (through mu_, which a close holds), and neither
+  // would go on. close_released() runs before new work is enqueued (drain, run_fast).
   std::vector<void*> to_close_;
-  struct Closing {
-    std::vector<void*> ptrs;
-    cudaEvent_t after = nullptr;  // recorded on the main stream (side work joins it in each op)
-  };
-  std::vector<Closing> closing_;
+  bool no_work_pending_locked();
   void close_released();  // mu_ held
   std::vector<void*> retired_scratch_;
   std::map<SdpKey, SdpGraph> sdp_graphs_;
