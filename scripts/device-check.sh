@@ -8,11 +8,12 @@
 #                           [--only LABELS]
 #
 # --quick builds only what the GPU path needs, runs the GPU suites through smddprun only (and
-# across 2 simulated nodes), then the benchmark sweep (16 B to 1 GiB beside NCCL), the overlap
+# across 2 simulated nodes; steps gpu_collectives, gpu_capture, gpu_training, latency_probe,
+# gpu_multinode), then the benchmark sweep (16 B to 1 GiB beside NCCL), the overlap
 # benchmark and CUDA tensors across 2 simulated nodes, each step under its own time limit so that
 # one hang cannot eat the call. On 2xH200 it takes 8-10 minutes (the collectives suite alone
 # 4-6, more on a slow lease): to stay inside one 10-minute call, split it, e.g. `--no-bench
-# --mpirun-training` in one call and `--skip gpu_collectives,gpu_training,gpu_multinode` in the
+# --mpirun-training` in one call and `--skip gpu_collectives,gpu_capture,gpu_training,gpu_multinode` in the
 # next (session 8 did).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,6 +71,7 @@ if [ "$quick" -eq 1 ]; then
     pytest_args=(-x -q -rs -p no:cacheprovider)
     step gpu_collectives "${gpu_env[@]}" timeout 420 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_collectives.py -k "smddprun or expandable or disagreement or forms or daemon_exec"
+    step gpu_capture "${gpu_env[@]}" timeout 240 "$py" -m pytest "${pytest_args[@]}" tests/gpu/test_gpu_capture.py
     step gpu_training "${gpu_env[@]}" timeout 240 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_training.py -k "smddprun or torchrun"
     # Where a small all-reduce's time goes (CPU issue and wait, GPU drain), from rank 0.

@@ -19,6 +19,7 @@
 
 #if SMDDP_PLUGIN_CUDA
 #include "client/gpu/arena_copier.hpp"
+#include "client/gpu/cuda_util.hpp"
 #include "client/gpu/peer_executor.hpp"
 #endif
 
@@ -36,6 +37,15 @@ namespace smddp::torch_plugin::gpu {
 #if SMDDP_PLUGIN_CUDA
 
 namespace {
+
+// A device current for the scope (torch's guard), and meanwhile other threads' CUDA graph
+// captures ignored by our calls (client/gpu/cuda_util.hpp): completions also run on the
+// client's progress thread, beside a model that may be capturing on its own thread.
+struct OnDevice {
+  explicit OnDevice(c10::Device d) : guard(d) {}
+  c10::cuda::CUDAGuard guard;
+  client::gpu::CaptureModeScope capture;
+};
 
 void check(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) {
@@ -154,6 +164,26 @@ class ExportedSegments {
 }  // namespace
 
 bool compiled() noexcept { return true; }
+
+std::optional<std::string> capture_refusal(c10::Device device) {
+  c10::cuda::CUDAGuard g(device);  // the legacy stream is the current device's
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(stream, &status);
+  if (e != cudaSuccess) cudaGetLastError();
+  const std::string where = "cuda:" + std::to_string(device.index()) + "'s current stream";
+  const std::string after =
+      ". smddp collectives cannot be captured: the smddp daemon matches and numbers each call when it is "
+      "issued, which a replay of the graph would skip. Issue collectives outside the captured region "
+      "(torch.compile: a mode without CUDA graphs); nothing was sent, and the group goes on as before";
+  if (e == cudaErrorStreamCaptureImplicit)
+    return where + " is the legacy default stream, which no call may use while another thread captures a "
+                   "CUDA graph" + after;
+  if (e != cudaSuccess || status == cudaStreamCaptureStatusNone) return std::nullopt;
+  return where + (status == cudaStreamCaptureStatusActive ? " is capturing a CUDA graph"
+                                                          : " is in a CUDA graph capture that was invalidated") +
+         after;
+}
 
 std::string local_bus_id() {
   int n = 0;
@@ -318,7 +348,7 @@ struct CudaPath::Impl {
     if (!wait_value || !write_value)
       throw SmddpException(ErrorKind::Unsupported, "smddp: the CUDA driver lacks stream memory operations; set SMDDP_GPU_SYNC=events");
     if (mode == Mode::DeviceFlags) {
-      c10::cuda::CUDAGuard g(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+      OnDevice g(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
       // Outside torch's allocator: exportable whatever PYTORCH_CUDA_ALLOC_CONF says.
       check(cudaMalloc(&flag_block, ipc::kFlagBlockBytes), "cudaMalloc of the smddp flag block");
       check(cudaMemset(flag_block, 0, ipc::kFlagBlockBytes), "cudaMemset");
@@ -375,7 +405,7 @@ struct CudaPath::Impl {
       x.why = "cuMemGetAddressRange failed";
     } else {
       cudaIpcMemHandle_t h{};
-      c10::cuda::CUDAGuard g(device);
+      OnDevice g(device);
       const auto e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
       if (e != cudaSuccess) {
         cudaGetLastError();
@@ -402,7 +432,7 @@ struct CudaPath::Impl {
       if (!h) throw SmddpException(ErrorKind::Internal, "smddp: the daemon named event " + std::to_string(index) + " but never published it");
       cudaIpcEventHandle_t eh{};
       std::memcpy(&eh, h->data(), sizeof eh);
-      c10::cuda::CUDAGuard g(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+      OnDevice g(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
       check(cudaIpcOpenEventHandle(&ev, eh), "cannot open the daemon's CUDA event");
     }
     return ev;
@@ -479,7 +509,7 @@ client::DeviceBuffer CudaPath::buffer(const at::Tensor& t, const char* op) {
 
 void CudaPath::mark_inputs(c10::Device device, client::DeviceCall& call) {
   const int dev = device.index();
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   if (impl_->use_flags) {
     int index = -1;
@@ -518,7 +548,7 @@ bool CudaPath::rank_exec() const noexcept { return impl_->rank_exec; }
 
 void CudaPath::prepare_rank_exec(c10::Device device, client::DeviceCall& call, void* local_in, void* local_out,
                                  double scale) {
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   client::gpu::PeerExecutor* x = nullptr;
   {
     std::lock_guard lk(impl_->mu);
@@ -644,7 +674,7 @@ std::pair<client::WorkPtr, std::shared_ptr<CudaPath::FastMark>> CudaPath::run_fa
     c10::Device device, const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out, double scale,
     const std::vector<int>& slots, int me, bool on_caller_stream, bool copy_engines,
     const std::function<client::WorkPtr(std::uint64_t fast_seq)>& post) {
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   std::shared_ptr<client::gpu::PeerExecutor> x;
   {
     std::lock_guard lk(impl_->mu);
@@ -707,13 +737,13 @@ std::pair<client::WorkPtr, std::shared_ptr<CudaPath::FastMark>> CudaPath::run_fa
 
 void CudaPath::block_current_stream(const std::shared_ptr<FastMark>& mark, c10::Device device) {
   if (!mark) return;
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   mark->order(c10::cuda::getCurrentCUDAStream(device.index()).stream());
 }
 
 void CudaPath::on_stream_of(const std::shared_ptr<FastMark>& mark, c10::Device device,
                             const std::function<void()>& body) {
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   c10::cuda::CUDAStreamGuard sg(c10::cuda::getStreamFromExternal(mark->stream, device.index()));
   body();
 }
@@ -731,7 +761,7 @@ std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device device, const std
                                                    const std::vector<at::Tensor>& used,
                                                    const std::function<void()>& body,
                                                    const std::shared_ptr<FastMark>& after) {
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   std::optional<c10::cuda::CUDAStream> stream;
   {
     std::lock_guard lk(impl_->mu);
@@ -768,7 +798,7 @@ std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device device, const std
 }
 
 std::shared_ptr<CudaPath::Staging> CudaPath::stage_in(c10::Device device, std::size_t bytes, const at::Tensor* copy_from) {
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   std::shared_ptr<Staging> s;
   {
     std::lock_guard lk(impl_->mu);
@@ -826,7 +856,7 @@ void CudaPath::release_staging(std::shared_ptr<Staging> s, std::shared_ptr<Done>
 
 void CudaPath::block_current_stream(const std::shared_ptr<Done>& done, c10::Device device) {
   if (!done) return;
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), done->event, 0), "cudaStreamWaitEvent");
 }
 
@@ -855,7 +885,7 @@ std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device device
     }
     lanes = l;
   }
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   try {
     return lanes->copier(in, out, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   } catch (const std::exception& e) {
@@ -864,7 +894,7 @@ std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device device
 }
 
 void CudaPath::after_arena_copies(client::StagingCopier& copier, c10::Device device) {
-  c10::cuda::CUDAGuard g(device);
+  OnDevice g(device);
   try {
     client::gpu::ArenaCopyLanes::order_after(copier, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   } catch (const std::exception& e) {
@@ -876,6 +906,7 @@ void CudaPath::after_arena_copies(client::StagingCopier& copier, c10::Device dev
 #else  // no CUDA in this torch
 
 bool compiled() noexcept { return false; }
+std::optional<std::string> capture_refusal(c10::Device) { return std::nullopt; }
 std::string local_bus_id() { return {}; }
 struct CudaPath::Impl {};
 struct CudaPath::Done {};

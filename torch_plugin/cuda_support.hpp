@@ -29,6 +29,12 @@ bool compiled() noexcept;
 // "" where there is no GPU.
 std::string local_bus_id();
 
+// Why a collective on CUDA tensors of `device` cannot be issued now, or nullopt: the current
+// stream is capturing a CUDA graph (torch.cuda.graph, torch.compile with CUDA graphs). The
+// daemon matches and numbers each call when it is issued, and our kernels wait for flag values
+// numbered then; a replay of the graph would repeat neither, so a captured call cannot work.
+std::optional<std::string> capture_refusal(c10::Device device);
+
 // Per-process state of the GPU path for one client.
 class CudaPath {
  public:

@@ -171,11 +171,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::run(const c10::intrusive_ptr<W
   return work;
 }
 
-void ProcessGroupSMDDP::require_supported_path(const char* op, DevicePath path) const {
+DevicePath ProcessGroupSMDDP::supported_path(const char* op, const std::vector<at::Tensor>& tensors) const {
+  const auto path = common_device_path(op, tensors);
   if (path == DevicePath::Cuda && !gpu::compiled()) {
     throw_unsupported(op, "CUDA tensors are not supported yet by this smddp build (host tensors only); "
                           "move the tensors to the CPU or use another backend for GPU tensors");
   }
+  // Before anything is posted or enqueued: the group stays as it was.
+  if (path == DevicePath::Cuda) {
+    if (auto why = gpu::capture_refusal(tensors.front().device())) throw_unsupported(op, *why);
+  }
+  return path;
 }
 
 client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor* in,
@@ -371,8 +377,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::broadcast(std::vector<at::Tens
   if (opts.rootTensor != 0) {
     throw_invalid(op, "root tensor index must be 0 (one tensor per process)");
   }
-  const auto path = common_device_path(op, tensors);
-  require_supported_path(op, path);
+  const auto path = supported_path(op, tensors);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   auto work = make_work(c10d::OpType::BROADCAST, op, tensors);
@@ -391,8 +396,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allreduce(std::vector<at::Tens
   const char* op = "allreduce";
   check_single(op, tensors, "tensor");
   check_tensor(op, tensors[0], "tensor");
-  const auto path = common_device_path(op, tensors);
-  require_supported_path(op, path);
+  const auto path = supported_path(op, tensors);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   const auto spec = reduce_spec(op, opts.reduceOp, dtype);
@@ -415,8 +419,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(std::vecto
     throw_invalid(op, "needs at least one tensor");
   }
   check_all(op, tensors, "tensors");
-  const auto path = common_device_path(op, tensors);
-  require_supported_path(op, path);
+  const auto path = supported_path(op, tensors);
   std::vector<ReduceSpec> specs;
   bool one_dtype = true;
   for (const auto& t : tensors) {
@@ -460,8 +463,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce(std::vector<at::Tensor>
   if (opts.rootTensor != 0) {
     throw_invalid(op, "root tensor index must be 0 (one tensor per process)");
   }
-  const auto path = common_device_path(op, tensors);
-  require_supported_path(op, path);
+  const auto path = supported_path(op, tensors);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   const auto spec = reduce_spec(op, opts.reduceOp, dtype);
@@ -498,8 +500,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather(std::vector<std::vec
     check_dtype_as(op, out[r], in, name, "the input tensor");
     check_numel(op, out[r], in.numel(), name, "(as many as the input tensor)");
   }
-  const auto path = common_device_path(op, concat(out, inputs));
-  require_supported_path(op, path);
+  const auto path = supported_path(op, concat(out, inputs));
   const auto dtype = smddp_dtype(op, in, "input tensor");
   auto work = make_work(c10d::OpType::ALLGATHER, op, out);
   return run(work, [&](WorkSMDDP& w) {
@@ -552,8 +553,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::_allgather_base(at::Tensor& ou
                                                                   const c10d::AllgatherOptions& opts) {
   const char* op = "_allgather_base";
   check_allgather_base(op, output, input, size_, "");
-  const auto path = common_device_path(op, {output, input});
-  require_supported_path(op, path);
+  supported_path(op, {output, input});
   auto work = make_work(c10d::OpType::_ALLGATHER_BASE, op, {output});
   return run(work, [&](WorkSMDDP& w) { add_allgather_base(w, op, output, input, opts); });
 }
@@ -586,8 +586,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
       all_outputs.push_back(list[i]);
     }
   }
-  const auto path = common_device_path(op, concat(all_outputs, inputs));
-  require_supported_path(op, path);
+  const auto path = supported_path(op, concat(all_outputs, inputs));
   auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, op, all_outputs);
   return run(work, [&](WorkSMDDP& w) {
     auto flat_in = flatten(inputs);
@@ -629,8 +628,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::gather(std::vector<std::vector
   } else if (!outputs.empty() && !outputs[0].empty()) {
     throw_invalid(op, "only the root (rank " + std::to_string(root) + ") may pass a gather_list");
   }
-  const auto path = common_device_path(op, concat(out, inputs));
-  require_supported_path(op, path);
+  const auto path = supported_path(op, concat(out, inputs));
   const auto dtype = smddp_dtype(op, in, "input tensor");
   auto work = make_work(c10d::OpType::GATHER, op, out);
   return run(work, [&](WorkSMDDP& w) {
@@ -673,8 +671,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::scatter(std::vector<at::Tensor
   } else if (!inputs.empty() && !inputs[0].empty()) {
     throw_invalid(op, "only the root (rank " + std::to_string(root) + ") may pass a scatter_list");
   }
-  const auto path = common_device_path(op, concat(in, outputs));
-  require_supported_path(op, path);
+  const auto path = supported_path(op, concat(in, outputs));
   const auto dtype = smddp_dtype(op, out, "output tensor");
   auto work = make_work(c10d::OpType::SCATTER, op, outputs);
   return run(work, [&](WorkSMDDP& w) {
@@ -709,8 +706,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce_scatter(std::vector<at:
     check_dtype_as(op, in[r], out, name, "the output tensor");
     check_numel(op, in[r], out.numel(), name, "(as many as the output tensor)");
   }
-  const auto path = common_device_path(op, concat(in, outputs));
-  require_supported_path(op, path);
+  const auto path = supported_path(op, concat(in, outputs));
   const auto dtype = smddp_dtype(op, out, "output tensor");
   const auto spec = reduce_spec(op, opts.reduceOp, dtype);
   auto work = make_work(c10d::OpType::REDUCE_SCATTER, op, outputs);
@@ -744,8 +740,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::_reduce_scatter_base(at::Tenso
                                                                        const c10d::ReduceScatterOptions& opts) {
   const char* op = "_reduce_scatter_base";
   check_reduce_scatter_base(op, output, input, size_, "");
-  const auto path = common_device_path(op, {output, input});
-  require_supported_path(op, path);
+  supported_path(op, {output, input});
   reduce_spec(op, opts.reduceOp, smddp_dtype(op, output, "output"));
   auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, op, {output});
   return run(work, [&](WorkSMDDP& w) { add_reduce_scatter_base(w, op, output, input, opts); });
@@ -800,8 +795,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::alltoall_base(at::Tensor& outp
   check_tensor(op, input, "input tensor");
   check_tensor(op, output, "output tensor");
   check_dtype_as(op, output, input, "output tensor", "the input tensor");
-  const auto path = common_device_path(op, {output, input});
-  require_supported_path(op, path);
+  const auto path = supported_path(op, {output, input});
   const auto dtype = smddp_dtype(op, input, "input tensor");
   const bool even = output_splits.empty() && input_splits.empty();
   std::vector<std::uint64_t> send_counts;
@@ -848,8 +842,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::alltoall(std::vector<at::Tenso
   check_all(op, inputs, "input_tensor_list");
   check_all(op, outputs, "output_tensor_list");
   check_same_dtype(op, concat(inputs, outputs), "input and output tensors");
-  const auto path = common_device_path(op, concat(inputs, outputs));
-  require_supported_path(op, path);
+  const auto path = supported_path(op, concat(inputs, outputs));
   const auto dtype = smddp_dtype(op, inputs[0], "input");
   std::vector<std::uint64_t> send_counts;
   std::vector<std::uint64_t> recv_counts;
@@ -891,8 +884,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::send(std::vector<at::Tensor>& 
   if (dst_rank == rank_) {
     throw_invalid(op, "a rank cannot send to itself (rank " + std::to_string(rank_) + ")");
   }
-  const auto path = common_device_path(op, tensors);
-  require_supported_path(op, path);
+  const auto path = supported_path(op, tensors);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   auto work = make_work(c10d::OpType::SEND, op, tensors);
@@ -913,8 +905,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::recv(std::vector<at::Tensor>& 
   if (src_rank == rank_) {
     throw_invalid(op, "a rank cannot receive from itself (rank " + std::to_string(rank_) + ")");
   }
-  const auto path = common_device_path(op, tensors);
-  require_supported_path(op, path);
+  const auto path = supported_path(op, tensors);
   auto& t = tensors[0];
   const auto dtype = smddp_dtype(op, t, "tensor");
   auto work = make_work(c10d::OpType::RECV, op, tensors);
@@ -944,8 +935,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coalesce
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     check_allgather_base(op, outputs[i], inputs[i], size_, " " + std::to_string(i));
   }
-  const auto path = common_device_path(op, concat(outputs, inputs));
-  require_supported_path(op, path);
+  supported_path(op, concat(outputs, inputs));
   auto work = make_work(c10d::OpType::COALESCED, op, outputs);
   return run(work, [&](WorkSMDDP& w) {
     for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -965,8 +955,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coalesce
     check_reduce_scatter_base(op, outputs[i], inputs[i], size_, " " + std::to_string(i));
     reduce_spec(op, opts.reduceOp, smddp_dtype(op, outputs[i], "output"));
   }
-  const auto path = common_device_path(op, concat(outputs, inputs));
-  require_supported_path(op, path);
+  supported_path(op, concat(outputs, inputs));
   auto work = make_work(c10d::OpType::COALESCED, op, outputs);
   return run(work, [&](WorkSMDDP& w) {
     for (std::size_t i = 0; i < inputs.size(); ++i) {

@@ -98,8 +98,9 @@ class ProcessGroupSMDDP : public BackendBase {
   // it and (2.x) records it for coalescing.
   template <typename Body>
   c10::intrusive_ptr<c10d::Work> run(const c10::intrusive_ptr<WorkSMDDP>& work, Body&& body);
-  // Only the host path exists yet; the CUDA path slots in here.
-  void require_supported_path(const char* op, DevicePath path) const;
+  // The device path all of `tensors` share (common_device_path), refusing CUDA tensors where
+  // this build has no GPU path or where the current stream is capturing a CUDA graph.
+  DevicePath supported_path(const char* op, const std::vector<at::Tensor>& tensors) const;
   // GPU path: submits `call` with CUDA tensors `in`/`out` (null where the role has none),
   // after recording an input event on the current stream.
   // CUDA tensors in a group that spans nodes: the daemons' host path across the fabric, the

@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -51,19 +52,50 @@ inline void restore_device(int prev) noexcept {
   if (cudaGetDevice(&now) == cudaSuccess && now != prev && !primary_context_inactive(prev)) cudaSetDevice(prev);
 }
 
+// For its scope, this thread's CUDA calls ignore stream captures that other threads run
+// (cudaStreamCaptureModeThreadLocal), as ProcessGroupNCCL's watchdog does. In the default
+// (global) mode, while any thread captures a CUDA graph in global mode (torch.cuda.graph's
+// default), a "potentially unsafe" call here (cudaEventQuery, cudaIpcOpenMemHandle, ...) fails
+// and breaks that capture, although our streams take no part in it. A capture on this thread
+// itself still forbids them. Make the thread's device current first: the call needs its context.
+class CaptureModeScope {
+ public:
+  CaptureModeScope() noexcept {
+    if (cudaThreadExchangeStreamCaptureMode(&prev_) != cudaSuccess) {
+      cudaGetLastError();
+      swapped_ = false;
+    }
+  }
+  ~CaptureModeScope() {
+    if (swapped_) cudaThreadExchangeStreamCaptureMode(&prev_);
+  }
+  CaptureModeScope(const CaptureModeScope&) = delete;
+  CaptureModeScope& operator=(const CaptureModeScope&) = delete;
+
+ private:
+  cudaStreamCaptureMode prev_ = cudaStreamCaptureModeThreadLocal;  // swapped in; then the caller's
+  bool swapped_ = true;
+};
+
 // Makes `dev` current for the scope and restores the caller's device (torch tracks its own;
-// see restore_device for threads that never chose one, such as our progress thread).
+// see restore_device for threads that never chose one, such as our progress thread). Our
+// CUDA work runs on streams of its own, so the scope also ignores other threads' captures.
 class DeviceScope {
  public:
   explicit DeviceScope(int dev) {
     check(cudaGetDevice(&prev_), "cudaGetDevice");
     if (prev_ != dev) check(cudaSetDevice(dev), "cudaSetDevice");
+    capture_.emplace();
   }
-  ~DeviceScope() { restore_device(prev_); }
+  ~DeviceScope() {
+    capture_.reset();  // before the device changes back: it belongs to this one
+    restore_device(prev_);
+  }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
+  std::optional<CaptureModeScope> capture_;
   int prev_ = 0;
 };
 
