@@ -170,7 +170,9 @@ std::optional<std::string> capture_refusal(c10::Device device) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t e = cudaStreamIsCapturing(stream, &status);
+  if (e == cudaSuccess && status == cudaStreamCaptureStatusNone) return std::nullopt;  // every call: keep it short
   if (e != cudaSuccess) cudaGetLastError();
+  if (e != cudaSuccess && e != cudaErrorStreamCaptureImplicit) return std::nullopt;  // reported where it matters
   const std::string where = "cuda:" + std::to_string(device.index()) + "'s current stream";
   const std::string after =
       ". smddp collectives cannot be captured: the smddp daemon matches and numbers each call when it is "
@@ -179,7 +181,6 @@ std::optional<std::string> capture_refusal(c10::Device device) {
   if (e == cudaErrorStreamCaptureImplicit)
     return where + " is the legacy default stream, which no call may use while another thread captures a "
                    "CUDA graph" + after;
-  if (e != cudaSuccess || status == cudaStreamCaptureStatusNone) return std::nullopt;
   return where + (status == cudaStreamCaptureStatusActive ? " is capturing a CUDA graph"
                                                           : " is in a CUDA graph capture that was invalidated") +
          after;
