@@ -26,7 +26,11 @@
 // handler (client lock held: it only queues), drain() from any thread (it enqueues GPU work
 // in the order the daemon sent the plans, which every rank shares; that order keeps the
 // pairwise barrier counters of two ranks in step). reserve_fast_seq() and run_fast() from
-// the calling thread, in the order the ranks issue their fast-path collectives.
+// the calling thread, in the order the ranks issue their fast-path collectives. No call here
+// may wait, under mu_, for GPU work that waits for a peer: the peer's matching work may be
+// enqueued only after this thread, or one it blocks, goes on (see to_close_). CUDA calls run
+// in thread-local capture mode (DeviceScope), so a graph the model captures on another thread
+// is left alone.
 #pragma once
 
 #include <cuda.h>
