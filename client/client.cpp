@@ -425,6 +425,18 @@ void ClientImpl::reap_draining_locked() {
   });
 }
 
+bool ClientImpl::copies_in_finished() {
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return false;
+  for (auto& s : outbox_) {
+    if (!s.ticket) continue;
+    if (s.seen || !s.inflight.op->plan_.copier->passed(StagingCopier::Lane::In, s.ticket)) return false;
+    s.seen = true;
+    return true;
+  }
+  return false;
+}
+
 void ClientImpl::CopyWaker::wake() {
   count.fetch_add(1, std::memory_order_acq_rel);
   std::lock_guard lk(mu);
@@ -726,7 +738,8 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
   Deferred callbacks;
   std::uint64_t wakes = 0;  // copier fences seen passed as of the last progress step
   const auto ready = [&] {
-    return op.done() || !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes;
+    return op.done() || !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
+           copies_in_finished();
   };
   while (!op.done()) {
     wakes = waker_->count.load(std::memory_order_acquire);
@@ -783,13 +796,20 @@ void ClientImpl::progress_thread() {
     const auto wakes = waker_->count.load(std::memory_order_acquire);
     progress_locked(callbacks);
     const bool idle = active_ == 0 && !fast_seen_;
+    // Chunks wait for their copies in: spin a little first, as a waiting user thread does, to
+    // see them finish before their wake comes.
+    const bool copies_due = std::any_of(outbox_.begin(), outbox_.end(), [](const Staged& s) { return s.ticket != 0; });
     lk.unlock();
     run(callbacks);
     if (t_client_destroyed_here) return;
     if (!idle) {
-      const auto t = slot_.client_bell.ticket();
-      if (slot_.completions.empty() && waker_->count.load(std::memory_order_acquire) == wakes)
-        slot_.client_bell.wait(t, std::chrono::duration_cast<std::chrono::microseconds>(kSlice));
+      const auto ready = [&] {
+        return !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
+               (copies_due && copies_in_finished());
+      };
+      ipc::spin_then_wait(slot_.client_bell, ready, Clock::now() + kSlice,
+                          copies_due ? kSpin : std::chrono::microseconds(0),
+                          std::chrono::duration_cast<std::chrono::microseconds>(kSlice), [] { return false; });
     }
     lk.lock();
     check_liveness_locked(callbacks);

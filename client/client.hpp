@@ -120,7 +120,8 @@ class StagingCopier {
   virtual void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept = 0;
   // Ends the copies enqueued so far on `lane`; returns their ticket (increasing per lane).
   virtual std::uint64_t fence(Lane lane) noexcept = 0;
-  // Whether every copy up to `ticket` on `lane` has finished.
+  // Whether every copy up to `ticket` on `lane` has finished. It may look at the copies
+  // themselves (without waiting), before their wake comes: threads that spin poll it.
   virtual bool passed(Lane lane, std::uint64_t ticket) const noexcept = 0;
   // Why a copy failed ("" while none has), whether it failed when enqueued or while it ran:
   // the client then fails the operation and posts none of its chunks that are still to go.

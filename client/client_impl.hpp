@@ -182,8 +182,13 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
     ipc::RequestDesc desc;
     Inflight inflight;
     std::uint64_t ticket;  // the copier's In-lane fence to pass first (0: none)
+    bool seen = false;     // a spinning thread found its fence passed (copies_in_finished)
   };
   std::deque<Staged> outbox_;
+  // Whether the first staged chunk that waits for its copies in has them finished, found by
+  // asking its copier (not yet seen so: true once per chunk). A thread that spins calls it: the
+  // CUDA copier's event tells sooner than its wake. Takes the lock only if it is free.
+  bool copies_in_finished();
   // Arena regions a copier still reads or writes: freed once its fence has passed.
   struct Draining {
     std::shared_ptr<StagingCopier> copier;

@@ -8,8 +8,9 @@
 // operation gets its own pair of streams (in and out) from a pool, both ordered after the
 // work on the caller's stream when it issued the operation, and nothing else: a chunk whose
 // copy is enqueued late (the arena was full) never waits behind a later operation's inputs,
-// which may themselves wait for this one. A fence is a host function on the stream that marks
-// its ticket passed and wakes the client.
+// which may themselves wait for this one. A fence is an event and a host function on the
+// stream: the host function marks its ticket passed and wakes the client; passed() asks the
+// event first, so a client thread that spins on it sees the copies end sooner.
 //
 // Threading: ArenaCopyLanes may be used from any thread; an operation's copier from the
 // client's calls (under its lock) and from CUDA's host-function thread (fences).
@@ -53,11 +54,17 @@ class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
 
  private:
   friend class OpCopier;
+  // Two streams and the events their operations use (created once: an operation's copier
+  // holds the pair alone, from take() to give()).
   struct Pair {
     cudaStream_t in = nullptr, out = nullptr;
+    cudaEvent_t ready = nullptr;                           // the caller's stream at the operation's start
+    cudaEvent_t fenced_in = nullptr, fenced_out = nullptr;  // each lane's last fence
+    cudaEvent_t tail_in = nullptr, tail_out = nullptr;      // each lane's end, for order_after()
   };
   Pair take();
   void give(Pair p);
+  static void destroy(Pair& p) noexcept;
 
   int device_;
   std::byte* arena_;

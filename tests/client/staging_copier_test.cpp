@@ -75,8 +75,10 @@ class FakeCopier final : public StagingCopier {
     run(Lane::Out);
   }
 
-  // Runs `lane`'s copies up to fence `upto`, then wakes the client; returns the fences passed.
-  int run(Lane lane, std::uint64_t upto = ~std::uint64_t{0}) {
+  // Runs `lane`'s copies up to fence `upto`, then wakes the client unless `wake` is false (as
+  // a GPU copy that an event shows finished before its host function ran); returns the
+  // fences passed.
+  int run(Lane lane, std::uint64_t upto = ~std::uint64_t{0}, bool wake_client = true) {
     int n = 0;
     std::function<void()> wake;
     {
@@ -90,7 +92,7 @@ class FakeCopier final : public StagingCopier {
       }
       wake = wake_;
     }
-    if (n && wake) wake();
+    if (n && wake && wake_client) wake();
     return n;
   }
   std::uint64_t issued(Lane lane) {
@@ -197,6 +199,37 @@ TEST(StagingCopier, ChunksArePostedOnlyOnceTheirCopiesInPassed) {
   // In order: the daemon must see the chunks of one op as they come.
   const auto reqs = daemon.requests();
   for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(reqs[i].chunk_offset, i * (n / 4));
+}
+
+TEST(StagingCopier, CopiesInFinishedBeforeTheirWakeLetTheirChunksGo) {
+  // The CUDA copier's passed() asks an event, which tells sooner than the host function that
+  // wakes the client: threads that spin poll it. Here no wake ever comes for the copies in,
+  // and both a waiting thread and the progress thread (no waiter) must still post the chunks.
+  const auto job = unique_job("copier-nowake");
+  FakeDaemon daemon(small_spec(job));
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::size_t n = 64 * 1024;  // 4 chunks
+  const auto in = ramp(n);
+  for (const bool waiter : {true, false}) {
+    SCOPED_TRACE(waiter ? "a thread waits" : "the progress thread");
+    std::vector<float> out(n, -1.0f);
+    auto [copier, co] = copier_for(in.data(), out.data());
+    const auto before = daemon.requests().size();
+    auto w = c->world()->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum, co);
+    ASSERT_TRUE(eventually([&] { return copier->issued(StagingCopier::Lane::In) == 4; }));
+    std::thread t;
+    if (waiter) t = std::thread([&] { w->wait(10s); });
+    for (std::uint64_t k = 1; k <= 4; ++k) {
+      copier->run(StagingCopier::Lane::In, k, /*wake_client=*/false);
+      ASSERT_TRUE(daemon.wait_for_requests(before + k, 10s)) << "chunk " << k << " was not posted";
+    }
+    if (t.joinable()) t.join();
+    ASSERT_TRUE(eventually([&] { return w->done(); }));
+    EXPECT_EQ(w->status(), Status::Ok);
+    copier->run(StagingCopier::Lane::Out);
+    EXPECT_EQ(std::memcmp(in.data(), out.data(), n * sizeof(float)), 0);
+  }
 }
 
 TEST(StagingCopier, RegionsComeBackOnlyOnceTheirCopiesOutPassed) {
