@@ -16,7 +16,8 @@ as many AllGathers as fit each backend's own AllGather time, once with equal wor
 all of it out of place, then in place (FSDP's form: no local copy).
 
 With --simulate-nodes K (smddprun only) the ranks are split into K simulated nodes, one GPU per
-rank; smddp's CUDA tensors then cross the daemons' fabric through host staging, so NCCL (NVLink)
+rank (GPU RANK modulo the GPUs: on a one-GPU machine, `--nproc 2` puts both ranks on it, and the
+ranks agree on timings through Gloo); smddp's CUDA tensors then cross the daemons' fabric through host staging, so NCCL (NVLink)
 is no fair reference: the columns are smddp with CUDA tensors and smddp with CPU tensors.
 """
 
@@ -127,8 +128,11 @@ def bench(opts):
     sim = opts.simulate_nodes > 0
     dist.init_process_group("smddp")
     rank, n = dist.get_rank(), dist.get_world_size()
-    # NCCL works on one machine whatever the simulated split: it stays the group ranks agree through.
-    nccl = dist.new_group(backend="nccl")
+    # NCCL works on one machine whatever the simulated split: it stays the group ranks agree through,
+    # unless the ranks share a GPU (simulated nodes on a one-GPU machine), which NCCL refuses: Gloo then.
+    shared_gpu = sim and torch.cuda.device_count() < n
+    nccl = dist.new_group(backend="gloo" if shared_gpu else "nccl")
+    agree = host if shared_gpu else dev  # where the agreement group's tensors live
     sdp = None
     if not sim:
         # The SDP group (AllGather through copy engines) is a one-node path; across nodes it adds nothing.
@@ -179,7 +183,7 @@ def bench(opts):
             fn()
         torch.cuda.synchronize()
         # About 0.2 s per point (5 to 200 iterations), agreed on by all ranks.
-        est = torch.tensor([(time.perf_counter() - t0) / 3], device=dev, dtype=torch.float64)
+        est = torch.tensor([(time.perf_counter() - t0) / 3], device=agree, dtype=torch.float64)
         dist.all_reduce(est, op=dist.ReduceOp.MAX, group=nccl)
         iters = int(min(200, max(5, 0.2 / max(est.item(), 1e-6))))
         dist.barrier(group=nccl)
@@ -190,7 +194,7 @@ def bench(opts):
         torch.cuda.synchronize()
         dt = (time.perf_counter() - t0) / iters
         # The slowest rank's time is the collective's time.
-        t = torch.tensor([dt], device=dev, dtype=torch.float64)
+        t = torch.tensor([dt], device=agree, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=nccl)
         return t.item()
 
