@@ -186,6 +186,13 @@ std::optional<std::string> capture_refusal(c10::Device device) {
          after;
 }
 
+std::optional<std::string> current_capture_refusal() {
+  if (c10::cuda::device_count() < 1) return std::nullopt;
+  const int dev = static_cast<int>(c10::cuda::current_device());
+  if (client::gpu::primary_context_inactive(dev)) return std::nullopt;  // nothing of it can be capturing
+  return capture_refusal(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(dev)));
+}
+
 std::string local_bus_id() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
@@ -908,6 +915,7 @@ void CudaPath::after_arena_copies(client::StagingCopier& copier, c10::Device dev
 
 bool compiled() noexcept { return false; }
 std::optional<std::string> capture_refusal(c10::Device) { return std::nullopt; }
+std::optional<std::string> current_capture_refusal() { return std::nullopt; }
 std::string local_bus_id() { return {}; }
 struct CudaPath::Impl {};
 struct CudaPath::Done {};

@@ -34,6 +34,9 @@ std::string local_bus_id();
 // daemon matches and numbers each call when it is issued, and our kernels wait for flag values
 // numbered then; a replay of the graph would repeat neither, so a captured call cannot work.
 std::optional<std::string> capture_refusal(c10::Device device);
+// The same for a call without tensors (barrier): the current device's current stream, where
+// this process already holds that GPU's context (a job on host tensors must not create one).
+std::optional<std::string> current_capture_refusal();
 
 // Per-process state of the GPU path for one client.
 class CudaPath {

@@ -872,6 +872,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::alltoall(std::vector<at::Tenso
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::barrier(const c10d::BarrierOptions& opts) {
   // device_ids only say which GPU a NCCL barrier would use; the daemon's barrier needs none.
+  // It runs on the CPU when called: inside a CUDA graph capture a replay would skip it.
+  if (auto why = gpu::current_capture_refusal()) throw_unsupported("barrier", *why);
   auto work = make_work(c10d::OpType::BARRIER, "barrier", {});
   return run(work, [&](WorkSMDDP& w) { w.add_op(comm_->barrier(call_options(opts.timeout))); });
 }

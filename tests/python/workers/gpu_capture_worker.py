@@ -3,7 +3,8 @@
 1. A collective called while the current stream captures a CUDA graph (torch.cuda.graph, in
    each capture error mode) fails at once on every rank with an error that says so, before
    anything is sent: the group goes on, and the collectives after it are right. The fast path,
-   the plan path, the SDP AllGather, ReduceScatter, broadcast, AllToAll.
+   the plan path, the SDP AllGather, ReduceScatter, broadcast, AllToAll, and barrier (no tensor:
+   it would run on the CPU at capture time, and a replay would skip it).
 2. smddp's own threads leave alone a capture the model runs: collectives issued just before a
    capture (their plans, the peers' new buffers opened and their freed ones closed, the
    completions: on smddp's progress thread meanwhile) and the graph captured then (the default,
@@ -72,8 +73,12 @@ def collectives(n):
         want = torch.arange(W, device=dev, dtype=torch.float32).repeat_interleave(n)
         return lambda: dist.all_to_all_single(out, inp), lambda: close(out, want)
 
+    def barrier():
+        return lambda: dist.barrier(), lambda: None
+
     return [("allreduce", allreduce), ("allgather", allgather(None)), ("allgather_sdp", allgather(sdp)),
-            ("reduce_scatter", reduce_scatter), ("broadcast", broadcast), ("alltoall", alltoall)]
+            ("reduce_scatter", reduce_scatter), ("broadcast", broadcast), ("alltoall", alltoall)] + \
+        ([("barrier", barrier)] if n == 8 else [])
 
 
 def refused_when_captured(make, mode):
