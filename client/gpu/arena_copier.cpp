@@ -42,6 +42,14 @@ const Driver& driver() {
   return d;
 }
 
+// Whether a query of our stream or event says a copy failed. The capture errors say only that
+// the calling thread captures a CUDA graph (it waits on an op inside its capture region), which
+// forbids queries; the copies are not at fault.
+bool copy_failed(CUresult e) {
+  return e != CUDA_SUCCESS && e != CUDA_ERROR_NOT_READY &&
+         (e < CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED || e > CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+}
+
 std::string error_name(CUresult e) {
   const char* name = nullptr;
   if (!driver().name || driver().name(e, &name) != CUDA_SUCCESS || !name) name = "unknown CUDA error";
@@ -173,7 +181,7 @@ class OpCopier final : public StagingCopier {
       }
       for (cudaStream_t s : {pair_.in, pair_.out}) {
         const CUresult e = d.query(reinterpret_cast<CUstream>(s));
-        if (e != CUDA_SUCCESS && e != CUDA_ERROR_NOT_READY) fail("a copy through the arena failed: " + error_name(e));
+        if (copy_failed(e)) fail("a copy through the arena failed: " + error_name(e));
       }
     }
     std::lock_guard lk(state_->mu);
@@ -200,7 +208,7 @@ class OpCopier final : public StagingCopier {
       DeviceScope scope(lanes_->device());
       const CUresult e = d.event_query(reinterpret_cast<CUevent>(event));
       if (e == CUDA_SUCCESS) return true;
-      if (e != CUDA_ERROR_NOT_READY) fail("a copy through the arena failed: " + error_name(e));
+      if (copy_failed(e)) fail("a copy through the arena failed: " + error_name(e));
     } catch (const std::exception& x) {
       fail(x.what());
     }
