@@ -349,6 +349,7 @@ void ClientImpl::post_or_stage_locked(Staged s) {
     posted_ = true;
     return;
   }
+  if (s.ticket) copies_staged_.store(true, std::memory_order_relaxed);
   outbox_.push_back(std::move(s));
 }
 
@@ -426,6 +427,7 @@ void ClientImpl::reap_draining_locked() {
 }
 
 bool ClientImpl::copies_in_finished() {
+  if (!copies_staged_.load(std::memory_order_relaxed)) return false;
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return false;
   for (auto& s : outbox_) {
@@ -434,6 +436,7 @@ bool ClientImpl::copies_in_finished() {
     s.seen = true;
     return true;
   }
+  copies_staged_.store(false, std::memory_order_relaxed);  // none left; the next one sets it again
   return false;
 }
 

@@ -187,8 +187,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::deque<Staged> outbox_;
   // Whether the first staged chunk that waits for its copies in has them finished, found by
   // asking its copier (not yet seen so: true once per chunk). A thread that spins calls it: the
-  // CUDA copier's event tells sooner than its wake. Takes the lock only if it is free.
+  // CUDA copier's event tells sooner than its wake. Takes the lock only if it is free, and only
+  // while chunks may wait for copies: host operations' waits never touch it.
   bool copies_in_finished();
+  std::atomic<bool> copies_staged_{false};  // set with such a chunk; cleared by copies_in_finished
   // Arena regions a copier still reads or writes: freed once its fence has passed.
   struct Draining {
     std::shared_ptr<StagingCopier> copier;
