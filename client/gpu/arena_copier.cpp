@@ -145,8 +145,11 @@ class OpCopier final : public StagingCopier {
   bool passed(Lane lane, std::uint64_t ticket) const noexcept override {
     auto& l = state_->lanes[static_cast<std::size_t>(lane)];
     if (l.passed.load(std::memory_order_acquire) >= ticket) return true;
-    if (l.recorded < ticket || !event_done(l.event)) return false;
-    raise(l.passed, l.recorded);  // its host function, and those before it, may not have run yet
+    // The event marks the lane's latest fence only, so only a question about that one asks it:
+    // the client asks about every region still draining at each step, and one query per lane
+    // is all that can tell anything (a small op's chunk is always its lane's latest).
+    if (l.recorded != ticket || !event_done(l.event)) return false;
+    raise(l.passed, ticket);  // its host function, and those before it, may not have run yet
     return true;
   }
   void drain() noexcept override {
