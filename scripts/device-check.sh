@@ -8,8 +8,8 @@
 #                           [--only LABELS]
 #
 # --quick builds only what the GPU path needs, runs the GPU suites through smddprun only (and
-# across 2 simulated nodes; steps gpu_collectives, gpu_capture, gpu_training, latency_probe,
-# gpu_multinode), then the benchmark sweep (16 B to 1 GiB beside NCCL), the overlap
+# across 2 simulated nodes; steps gpu_copier, gpu_collectives, gpu_capture, gpu_training,
+# latency_probe, gpu_multinode), then the benchmark sweep (16 B to 1 GiB beside NCCL), the overlap
 # benchmark and CUDA tensors across 2 simulated nodes, each step under its own time limit so that
 # one hang cannot eat the call. On 2xH200 it takes 8-10 minutes (the collectives suite alone
 # 4-6, more on a slow lease): to stay inside one 10-minute call, split it, e.g. `--no-bench
@@ -64,8 +64,11 @@ step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
 
 step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 if [ "$quick" -eq 1 ]; then
-  step build cmake --build "$build" -j"$jobs" --target smddp-daemon smddp-ctl smddp_torch_plugin smddprun
+  step build cmake --build "$build" -j"$jobs" --target smddp-daemon smddp-ctl smddp_torch_plugin smddprun \
+    arena_copier_tests
   if [ "${step_rc[build]}" -eq 0 ]; then
+    # The arena copier on the GPU (CUDA tensors across nodes): lanes, fences, ordering.
+    step gpu_copier timeout 120 "$build/bin/arena_copier_tests"
     py="$(command -v python3)"
     gpu_env=(env SMDDP_BUILD_DIR="$build" SMDDP_TEST_PYTHON="$py" PYTHONPATH="$build/python")
     pytest_args=(-x -q -rs -p no:cacheprovider)

@@ -16,7 +16,8 @@ namespace smddp::client::gpu {
 // fences are still queued stays valid until they ran.
 struct CopierState {
   struct Lane {
-    cudaStream_t stream = nullptr;
+    cudaStream_t stream = nullptr;          // the copies
+    cudaStream_t signal = nullptr;          // the fences' host functions, each after its event
     cudaEvent_t event = nullptr;            // recorded at each fence (the pair's own)
     std::uint64_t issued = 0;               // last ticket handed out (client's lock)
     std::uint64_t recorded = 0;             // the ticket `event` was last recorded for (client's lock)
@@ -88,16 +89,18 @@ class OpCopier final : public StagingCopier {
       : lanes_(std::move(lanes)), in_(static_cast<const std::byte*>(in)), out_(static_cast<std::byte*>(out)) {
     pair_ = lanes_->take();
     state_->lanes[0].stream = pair_.in;
+    state_->lanes[0].signal = pair_.signal_in;
     state_->lanes[0].event = pair_.fenced_in;
     state_->lanes[1].stream = pair_.out;
+    state_->lanes[1].signal = pair_.signal_out;
     state_->lanes[1].event = pair_.fenced_out;
     try {
       DeviceScope scope(lanes_->device());
       // Both lanes follow the caller's stream as it is now: the inputs are written, and the
-      // outputs are no longer read by anything issued before the operation.
+      // outputs are no longer read by anything issued before the operation. The Out lane
+      // waits at its first copy, and only if no copy in has finished by then (see copy_out).
       check(cudaEventRecord(pair_.ready, producer), "cudaEventRecord");
       check(cudaStreamWaitEvent(pair_.in, pair_.ready, 0), "cudaStreamWaitEvent");
-      check(cudaStreamWaitEvent(pair_.out, pair_.ready, 0), "cudaStreamWaitEvent");
     } catch (...) {
       release();
       throw;
@@ -115,8 +118,22 @@ class OpCopier final : public StagingCopier {
     copy(to, in_ + offset, bytes, cudaMemcpyDeviceToHost, pair_.in);
   }
   void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept override {
+    if (!out_ordered_) {
+      // A finished copy in shows that the In lane got past `ready`, so the caller's work
+      // before the operation is over: one driver call less per operation that has inputs.
+      out_ordered_ = true;
+      if (state_->lanes[static_cast<std::size_t>(Lane::In)].passed.load(std::memory_order_acquire) == 0) {
+        try {
+          DeviceScope scope(lanes_->device());
+          check(cudaStreamWaitEvent(pair_.out, pair_.ready, 0), "cudaStreamWaitEvent");
+        } catch (const std::exception& x) {
+          fail(x.what());
+        }
+      }
+    }
     copy(out_ + offset, from, bytes, cudaMemcpyHostToDevice, pair_.out);
   }
+  cudaStream_t out_stream() const noexcept { return pair_.out; }
   std::uint64_t fence(Lane lane) noexcept override {
     auto& l = state_->lanes[static_cast<std::size_t>(lane)];
     const std::uint64_t ticket = ++l.issued;
@@ -128,7 +145,8 @@ class OpCopier final : public StagingCopier {
       // (scripts/diag/fence_probe.cu: 6.5-8.4 against 23-24 us after an 8 B-64 KiB copy).
       check(cudaEventRecord(l.event, l.stream), "cudaEventRecord");
       l.recorded = ticket;
-      check(cudaLaunchHostFunc(l.stream, fence_passed, f.get()), "cudaLaunchHostFunc");
+      check(cudaStreamWaitEvent(l.signal, l.event, 0), "cudaStreamWaitEvent");
+      check(cudaLaunchHostFunc(l.signal, fence_passed, f.get()), "cudaLaunchHostFunc");
       f.release();  // fence_passed owns it now
       return ticket;
     } catch (const std::exception& x) {
@@ -230,6 +248,7 @@ class OpCopier final : public StagingCopier {
   const std::byte* in_;
   std::byte* out_;
   ArenaCopyLanes::Pair pair_;
+  bool out_ordered_ = false;  // the Out lane waited for `ready`, or needs not (client's lock)
   std::shared_ptr<CopierState> state_ = std::make_shared<CopierState>();
 };
 
@@ -280,6 +299,10 @@ void ArenaCopyLanes::order_after(StagingCopier& copier, cudaStream_t consumer) {
   dynamic_cast<OpCopier&>(copier).order_after(consumer);
 }
 
+cudaStream_t ArenaCopyLanes::out_stream(StagingCopier& copier) {
+  return dynamic_cast<OpCopier&>(copier).out_stream();
+}
+
 ArenaCopyLanes::Pair ArenaCopyLanes::take() {
   {
     std::lock_guard lk(mu_);
@@ -292,8 +315,8 @@ ArenaCopyLanes::Pair ArenaCopyLanes::take() {
   DeviceScope scope(device_);
   Pair p;
   try {
-    check(cudaStreamCreateWithFlags(&p.in, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaStreamCreateWithFlags(&p.out, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (cudaStream_t* s : {&p.in, &p.out, &p.signal_in, &p.signal_out})
+      check(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking), "cudaStreamCreate");
     for (cudaEvent_t* e : {&p.ready, &p.fenced_in, &p.fenced_out, &p.tail_in, &p.tail_out})
       check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate");
   } catch (...) {
@@ -306,7 +329,7 @@ ArenaCopyLanes::Pair ArenaCopyLanes::take() {
 }
 
 void ArenaCopyLanes::destroy(Pair& p) noexcept {
-  for (cudaStream_t s : {p.in, p.out})
+  for (cudaStream_t s : {p.in, p.out, p.signal_in, p.signal_out})
     if (s) cudaStreamDestroy(s);
   for (cudaEvent_t e : {p.ready, p.fenced_in, p.fenced_out, p.tail_in, p.tail_out})
     if (e) cudaEventDestroy(e);

@@ -8,9 +8,12 @@
 // operation gets its own pair of streams (in and out) from a pool, both ordered after the
 // work on the caller's stream when it issued the operation, and nothing else: a chunk whose
 // copy is enqueued late (the arena was full) never waits behind a later operation's inputs,
-// which may themselves wait for this one. A fence is an event and a host function on the
-// stream: the host function marks its ticket passed and wakes the client; passed() asks the
-// event first, so a client thread that spins on it sees the copies end sooner.
+// which may themselves wait for this one. A fence is an event on the lane's stream and a host
+// function after it on a signal stream of the lane's own: the host function marks its ticket
+// passed and wakes the client; passed() asks the event first, so a client thread that spins on
+// it sees the copies end sooner. On the lane itself a host function would hold back everything
+// after it (the next chunk's copy, the operation's end) until CUDA's callback thread ran it,
+// 15-20 us after the copy.
 //
 // Threading: ArenaCopyLanes may be used from any thread; an operation's copier from the
 // client's calls (under its lock) and from CUDA's host-function thread (fences).
@@ -43,6 +46,10 @@ class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
   std::shared_ptr<StagingCopier> copier(const void* in, void* out, cudaStream_t producer);
   // Makes `consumer` wait for every copy `copier` (from copier()) enqueued so far, in and out.
   static void order_after(StagingCopier& copier, cudaStream_t consumer);
+  // The stream `copier`'s copies out run on (its pair's, held until the copier goes). Once its
+  // operation succeeded, every copy in has finished (a chunk goes to the daemon only after its
+  // copy in did), so work enqueued here after the last copy out follows all of the op's copies.
+  static cudaStream_t out_stream(StagingCopier& copier);
   // Waits for every copy, then undoes the arena's registration; no copier may be made after.
   // The client calls it (Client::set_arena_release) before it unmaps the arena.
   void release_arena() noexcept;
@@ -58,6 +65,7 @@ class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
   // holds the pair alone, from take() to give()).
   struct Pair {
     cudaStream_t in = nullptr, out = nullptr;
+    cudaStream_t signal_in = nullptr, signal_out = nullptr;  // the lanes' fences' host functions
     cudaEvent_t ready = nullptr;                           // the caller's stream at the operation's start
     cudaEvent_t fenced_in = nullptr, fenced_out = nullptr;  // each lane's last fence
     cudaEvent_t tail_in = nullptr, tail_out = nullptr;      // each lane's end, for order_after()

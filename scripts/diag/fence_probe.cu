@@ -17,6 +17,15 @@
 //   write+sp   a stream memory operation (cuStreamWriteValue32) after the copy writes a word
 //              of pinned host memory, the measuring thread spinning on it
 // and the round trip: copy in, fence, (host sees it) copy out, fence, (host sees it).
+//
+// Then a pipeline, as a large operation's chunks go: 16 chunks copied device-to-host back to
+// back, each followed by a fence, timed until the last copy is over (stream synchronize) and
+// until the last fence's host function ran:
+//   none        copies only (the floor)
+//   on-lane     event + host function on the copies' stream (the copier until session 13):
+//               each host function holds back the next copy until CUDA's callback thread ran it
+//   signal      event on the copies' stream, host function on a second stream that waits for
+//               the event (the copier since session 13)
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -178,5 +187,61 @@ int main(int argc, char** argv) {
     }
   }
   check(cudaHostUnregister(arena.data()), "unregister");
+
+  // The pipeline.
+  constexpr int kChunks = 16;
+  constexpr std::size_t kBig = std::size_t{4} << 20;
+  void* src = nullptr;
+  check(cudaMalloc(&src, kBig * kChunks), "cudaMalloc");
+  check(cudaMemset(src, 1, kBig * kChunks), "memset");
+  std::vector<std::byte> pinned(kBig * kChunks);
+  check(cudaHostRegister(pinned.data(), pinned.size(), cudaHostRegisterPortable), "register");
+  cudaStream_t lane = nullptr, signal = nullptr;
+  check(cudaStreamCreateWithFlags(&lane, cudaStreamNonBlocking), "stream");
+  check(cudaStreamCreateWithFlags(&signal, cudaStreamNonBlocking), "stream");
+  const int reps = std::max(20, iters / 20);
+  std::printf("\n# pipeline: %d chunks back to back, each copied device-to-host then fenced; us, median of %d\n",
+              kChunks, reps);
+  std::printf("%-10s %8s %14s %14s %12s\n", "fence", "chunk", "copies done", "last fence", "GB/s");
+  for (std::size_t chunk : {std::size_t{256} << 10, std::size_t{1} << 20, kBig}) {
+    for (const char* how : {"none", "on-lane", "signal"}) {
+      const std::string h = how;
+      std::vector<double> copies_us, fence_us;
+      Waiter w;  // outlives every host function that notifies it
+      for (int i = 0; i < reps + 3; ++i) {
+        const auto base = w.count.load();
+        const auto t0 = Clock::now();
+        for (int k = 0; k < kChunks; ++k) {
+          check(cudaMemcpyAsync(pinned.data() + k * chunk, static_cast<std::byte*>(src) + k * chunk, chunk,
+                                cudaMemcpyDeviceToHost, lane),
+                "copy");
+          if (h == "none") continue;
+          check(cudaEventRecord(r.ev, lane), "record");
+          if (h == "on-lane") {
+            check(cudaLaunchHostFunc(lane, on_done, &w), "hostfn");
+          } else {
+            check(cudaStreamWaitEvent(signal, r.ev, 0), "wait");
+            check(cudaLaunchHostFunc(signal, on_done, &w), "hostfn");
+          }
+        }
+        check(cudaStreamSynchronize(lane), "sync");
+        const auto t1 = Clock::now();
+        while (h != "none" && w.count.load(std::memory_order_acquire) != base + kChunks) {
+        }
+        const auto t2 = Clock::now();
+        if (i < 3) continue;  // warm-up
+        copies_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        fence_us.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
+      }
+      // The host functions' streams are over only once each returned: `w` may go then.
+      check(cudaStreamSynchronize(lane), "sync");
+      check(cudaStreamSynchronize(signal), "sync");
+      const auto c = stats(copies_us), f = stats(fence_us);
+      std::printf("%-10s %8zu %14.1f %14.1f %12.1f\n", how, chunk, c.med, f.med,
+                  static_cast<double>(chunk * kChunks) / f.med / 1e3);
+    }
+  }
+  check(cudaDeviceSynchronize(), "sync");
+  check(cudaHostUnregister(pinned.data()), "unregister");
   return 0;
 }
