@@ -910,6 +910,26 @@ void CudaPath::after_arena_copies(client::StagingCopier& copier, c10::Device dev
   }
 }
 
+std::shared_ptr<CudaPath::Done> CudaPath::complete_after_copies(c10::Device device, client::StagingCopier& copier,
+                                                                const std::vector<at::Tensor>& used,
+                                                                const std::function<void()>& body) {
+  OnDevice g(device);
+  const auto lane = c10::cuda::getStreamFromExternal(client::gpu::ArenaCopyLanes::out_stream(copier), device.index());
+  // The copies out write the outputs there: their blocks must not go to new owners before.
+  for (const auto& t : used)
+    if (t.defined() && t.is_cuda() && t.has_storage())
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), lane);
+  {
+    c10::cuda::CUDAStreamGuard sg(lane);
+    body();
+  }
+  auto done = std::make_shared<Done>();
+  done->device = device.index();
+  done->pool = impl_->done_events;
+  done->event = done->pool->take(done->device);
+  check(cudaEventRecord(done->event, lane.stream()), "cudaEventRecord");
+  return done;
+}
 
 #else  // no CUDA in this torch
 
@@ -959,6 +979,12 @@ std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device, const
   throw SmddpException(ErrorKind::Unsupported, "smddp: this smddp build has no GPU path (torch without CUDA)");
 }
 void CudaPath::after_arena_copies(client::StagingCopier&, c10::Device) {}
+std::shared_ptr<CudaPath::Done> CudaPath::complete_after_copies(c10::Device, client::StagingCopier&,
+                                                                const std::vector<at::Tensor>&,
+                                                                const std::function<void()>& body) {
+  body();
+  return nullptr;
+}
 
 #endif
 

@@ -130,6 +130,12 @@ class CudaPath {
   // Makes the current stream of `device` wait for the copier's copies out (run inside
   // complete()'s body). A failed copy fails the client's operation.
   static void after_arena_copies(client::StagingCopier& copier, c10::Device device);
+  // The end of an operation that succeeded and whose only GPU work was `copier`'s: runs `body`
+  // (epilogue, Future) with the copier's Out lane current, records `used` on it and returns the
+  // Work's done event recorded there. One driver call, where complete() with
+  // after_arena_copies() makes five: the copies in all finished before the op's chunks went.
+  std::shared_ptr<Done> complete_after_copies(c10::Device device, client::StagingCopier& copier,
+                                              const std::vector<at::Tensor>& used, const std::function<void()>& body);
 
  private:
   int record_input_event(c10::Device device, void* stream);  // interprocess-event mode

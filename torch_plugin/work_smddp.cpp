@@ -2,6 +2,8 @@
 
 #include <ATen/core/jit_type.h>
 
+#include <algorithm>
+
 #include "torch_plugin/errors.hpp"
 
 namespace smddp::torch_plugin {
@@ -148,7 +150,18 @@ void WorkSMDDP::finalize() {
           std::lock_guard lock(state_mutex_);
           fast = fast_;
         }
-        done_ = cuda_->complete(cuda_device_, daemon_events, used, [&] {
+        const auto on_gpu = [](const gpu::CudaPath::DoneMark& d) { return d.value > 0 || d.event >= 0; };
+        if (arena_copiers_.size() == 1 && staging_.empty() && !fast && tokens.empty() &&
+            std::none_of(daemon_events.begin(), daemon_events.end(), on_gpu)) {
+          // Across nodes: the copier's Out lane is where the op ends.
+          done_ = cuda_->complete_after_copies(cuda_device_, *arena_copiers_.front(), used, [&] {
+            if (epilogue_) {
+              epilogue_();
+            }
+            future_->markCompleted(c10::IValue(outputs_));
+            future_done = true;
+          });
+        } else done_ = cuda_->complete(cuda_device_, daemon_events, used, [&] {
           for (const auto& [s, to] : staging_) {
             if (to.defined()) {
               gpu::CudaPath::copy_out(s, to);
