@@ -259,6 +259,7 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
     std::lock_guard lk(mu_);
     if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
     if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
+    note_order_locked(op);
     if (is_p2p(op->plan_.base.op)) p2p_.push_back(op);
     else queue_.push_back(op);
     ++active_;
@@ -336,6 +337,7 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
   }
   const bool p2p = is_p2p(p.base.op);
   const std::uint64_t ticket = copied_in ? copier->fence(StagingCopier::Lane::In) : 0;
+  if (ticket) op.last_in_ticket_ = ticket;
   post_or_stage_locked(Staged{d, Inflight{op.shared_from_this(), k, *at, p2p ? bytes : 0}, ticket});
   p2p_bytes_ += p2p ? bytes : 0;
   ++op.next_;
@@ -559,6 +561,63 @@ void ClientImpl::finish_locked(OpState& op, Deferred& callbacks) {
   --active_;
   for (auto& cb : op.callbacks_) callbacks.callbacks.push_back(std::move(cb));
   op.callbacks_.clear();
+  untouch_locked(op, callbacks);
+}
+
+namespace {
+bool overlap(std::uintptr_t a, std::uint64_t an, std::uintptr_t b, std::uint64_t bn) {
+  return an && bn && a < b + bn && b < a + an;
+}
+}  // namespace
+
+void ClientImpl::note_order_locked(const std::shared_ptr<OpState>& op) {
+  // Entries whose copies are over order nothing any more.
+  std::erase_if(touching_, [](const Touch& t) {
+    return !t.op && (!t.copier || (t.copier->passed(StagingCopier::Lane::In, t.last_in) &&
+                                   t.copier->passed(StagingCopier::Lane::Out, t.last_out)));
+  });
+  if (op->in_span_ == 0 && op->out_span_ == 0) return;
+  Touch me;
+  me.in = reinterpret_cast<std::uintptr_t>(op->plan_.in);
+  me.out = reinterpret_cast<std::uintptr_t>(op->plan_.out);
+  me.in_span = op->in_span_;
+  me.out_span = op->out_span_;
+  for (const Touch& t : touching_) {
+    const bool writes = overlap(t.out, t.out_span, me.in, me.in_span) || overlap(t.out, t.out_span, me.out, me.out_span);
+    if (writes || overlap(t.in, t.in_span, me.out, me.out_span)) op->deps_.push_back({t.op, t.copier, writes});
+  }
+  me.op = op;
+  me.copier = op->plan_.copier;
+  touching_.push_back(std::move(me));
+}
+
+bool ClientImpl::deps_ready_locked(OpState& op, Deferred& callbacks) {
+  for (const auto& d : op.deps_) {
+    // One that only reads this op's output is through once all of it was submitted: a host
+    // op's copies in are made then, a copier's are enqueued then (and followed below).
+    if (d.op && !d.op->done() && (d.writes || d.op->next_ < d.op->nchunks_)) return false;
+  }
+  if (op.plan_.copier)
+    for (const auto& d : op.deps_)
+      if (d.copier) op.plan_.copier->follow(*d.copier);
+  for (auto& d : op.deps_)
+    if (d.op) callbacks.released.push_back(std::move(d.op));
+  op.deps_.clear();
+  return true;
+}
+
+void ClientImpl::untouch_locked(OpState& op, Deferred& callbacks) {
+  for (auto& d : op.deps_)
+    if (d.op) callbacks.released.push_back(std::move(d.op));
+  op.deps_.clear();
+  for (Touch& t : touching_) {
+    if (t.op.get() != &op) continue;
+    t.last_in = op.last_in_ticket_;
+    t.last_out = op.last_out_ticket_;
+    // The op references the client: the client must not keep it past its end.
+    callbacks.released.push_back(std::move(t.op));
+    break;
+  }
 }
 
 void ClientImpl::progress_locked(Deferred& callbacks) {
@@ -616,6 +675,7 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
       }
       if (copied_out) {
         out_ticket = p.copier->fence(StagingCopier::Lane::Out);
+        op.last_out_ticket_ = out_ticket;
         check_copier_locked(op);
       }
     } else if (c.status != Status::Ok && op.status_ == Status::Ok) {
@@ -635,6 +695,7 @@ void ClientImpl::submit_queued_locked(Deferred& callbacks) {
   while (!queue_.empty()) {
     auto& op = *queue_.front();
     if (op.status_ != Status::Ok) op.next_ = op.nchunks_;
+    if (op.next_ == 0 && !op.deps_.empty() && !deps_ready_locked(op, callbacks)) break;
     while (op.next_ < op.nchunks_ && submit_chunk_locked(op)) {}
     if (op.next_ < op.nchunks_) break;
     if (op.inflight_ == 0 && !op.done()) finish_locked(op, callbacks);
@@ -645,6 +706,10 @@ void ClientImpl::submit_queued_locked(Deferred& callbacks) {
   for (auto it = p2p_.begin(); it != p2p_.end();) {
     auto& op = **it;
     if (op.status_ != Status::Ok) op.next_ = op.nchunks_;
+    if (op.next_ == 0 && !op.deps_.empty() && !deps_ready_locked(op, callbacks)) {
+      ++it;
+      continue;
+    }
     while (op.next_ < op.nchunks_) {
       const std::uint64_t b = op.stage_bytes(op.next_);
       // At least one chunk per op may always go, so every op makes progress.
@@ -832,6 +897,15 @@ OpState::OpState(std::shared_ptr<ClientImpl> client, OpPlan plan, std::chrono::m
     : client_(std::move(client)), plan_(std::move(plan)) {
   if (!plan_.unchunked && plan_.block > 0) nchunks_ = (plan_.block + plan_.chunk - 1) / plan_.chunk;
   deadline_ = Clock::now() + timeout + kBackstop;
+  if (!plan_.device) {
+    // Blocks of `block` elements, `user_stride` apart (plan() makes both the count).
+    const std::uint64_t e = ipc::dtype_size(plan_.base.dtype);
+    const auto span = [&](std::uint64_t blocks) {
+      return blocks ? ((blocks - 1) * plan_.user_stride + plan_.block) * e : 0;
+    };
+    if (plan_.in) in_span_ = plan_.unchunked ? plan_.in_bytes_total : span(plan_.in_blocks);
+    if (plan_.out) out_span_ = plan_.unchunked ? plan_.out_bytes_total : span(plan_.out_blocks);
+  }
 }
 
 std::uint64_t OpState::chunk_count(std::uint64_t k) const {

@@ -129,6 +129,10 @@ class StagingCopier {
   virtual std::string error() const = 0;
   // Blocks until every copy enqueued has finished (the arena is about to go away).
   virtual void drain() noexcept = 0;
+  // Makes this operation's copies, both lanes, wait for every copy `earlier` (an earlier
+  // operation's copier of the same kind) has enqueued so far: the two touch the same memory.
+  // Called before this operation's first copy. Failures are reported by error().
+  virtual void follow(StagingCopier& earlier) noexcept = 0;
 };
 
 struct CallOptions {

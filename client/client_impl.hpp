@@ -92,6 +92,15 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
   std::string error_;
   std::vector<std::function<void()>> callbacks_;  // this op's on_complete callbacks
   std::atomic<bool> done_{false};
+  // Memory order against earlier ops (ClientImpl::touching_), under the client's mutex.
+  std::uint64_t in_span_ = 0, out_span_ = 0;  // bytes of plan_.in it reads, of plan_.out it writes
+  struct Dep {
+    std::shared_ptr<OpState> op;            // an earlier op on overlapping memory (null: it is done)
+    std::shared_ptr<StagingCopier> copier;  // its copier, whose copies this op's copier follows
+    bool writes;  // it writes memory this one touches: wait for its end, not only its reads
+  };
+  std::vector<Dep> deps_;  // what must come first before this op's first chunk is copied in
+  std::uint64_t last_in_ticket_ = 0, last_out_ticket_ = 0;  // its copier's latest fences
 };
 
 class ClientImpl final : public Client, public std::enable_shared_from_this<ClientImpl> {
@@ -168,6 +177,26 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::vector<std::shared_ptr<OpState>> p2p_;
   std::uint64_t p2p_bytes_ = 0;
   std::size_t active_ = 0;                      // ops not finished
+  // Ops that read or write user memory, in issue order, until they retired (done, and their
+  // copier's copies over). An op that touches memory an earlier one writes (or writes memory
+  // an earlier one reads) copies nothing in before that one is done (or has read it), and its
+  // copier follows the earlier one's: ops issued back to back on one tensor, without a wait
+  // between, run in issue order, as with NCCL's stream and Gloo's queue. Disjoint ops still
+  // overlap.
+  struct Touch {
+    std::shared_ptr<OpState> op;            // until it is done (the queues hold it until then anyway)
+    std::shared_ptr<StagingCopier> copier;  // until its copies are over
+    std::uintptr_t in = 0, out = 0;
+    std::uint64_t in_span = 0, out_span = 0;
+    std::uint64_t last_in = 0, last_out = 0;  // its copier's latest fences, once it is done
+  };
+  std::vector<Touch> touching_;
+  // At issue: records what `op` must wait for, and `op` itself.
+  void note_order_locked(const std::shared_ptr<OpState>& op);
+  // Before `op`'s first chunk: whether what it waits for came first (then its copier follows).
+  bool deps_ready_locked(OpState& op, Deferred& callbacks);
+  // An op finished: its entry keeps only its copier, until the copies are over.
+  void untouch_locked(OpState& op, Deferred& callbacks);
   struct Inflight {
     std::shared_ptr<OpState> op;
     std::uint64_t chunk;

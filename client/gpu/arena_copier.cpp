@@ -180,6 +180,35 @@ class OpCopier final : public StagingCopier {
     }
   }
 
+  void follow(StagingCopier& earlier) noexcept override {
+    auto* e = dynamic_cast<OpCopier*>(&earlier);
+    if (!e) {
+      fail("an earlier operation on the same memory was not staged by a CUDA copier");
+      return;
+    }
+    try {
+      DeviceScope scope(lanes_->device());
+      // Events of our own, recorded and waited on at once: the earlier pair's are recorded by
+      // other threads too (order_after), and this ordering is rare (ops chained on one tensor).
+      for (cudaStream_t s : {e->pair_.in, e->pair_.out}) {
+        cudaEvent_t ev = nullptr;
+        check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+        const cudaError_t r = cudaEventRecord(ev, s);
+        cudaError_t w1 = cudaSuccess, w2 = cudaSuccess;
+        if (r == cudaSuccess) {
+          w1 = cudaStreamWaitEvent(pair_.in, ev, 0);
+          w2 = cudaStreamWaitEvent(pair_.out, ev, 0);
+        }
+        cudaEventDestroy(ev);  // released once the waits are through
+        check(r, "ordering after an earlier operation's copies");
+        check(w1, "ordering after an earlier operation's copies");
+        check(w2, "ordering after an earlier operation's copies");
+      }
+    } catch (const std::exception& x) {
+      fail(x.what());
+    }
+  }
+
   // Both lanes: after a failure, dropped chunks' copies in may still read the input.
   void order_after(cudaStream_t consumer) {
     DeviceScope scope(lanes_->device());

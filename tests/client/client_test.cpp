@@ -551,3 +551,64 @@ TEST(Client, DroppingEverythingWhileAnOpIsPendingIsSafe) {
   EXPECT_EQ(slot.state.load(), static_cast<std::uint32_t>(ipc::SlotState::Exited))
       << "the client was never destroyed once its last op finished";
 }
+
+// Ops issued back to back on one buffer, with no wait between, run in issue order (as on
+// NCCL's stream, or Gloo's queue): a later op copies nothing in before an earlier one that
+// writes the memory it touches is done. Before, the second of two async in-place allreduces
+// of one tensor read it before the first had written its result.
+TEST(Client, AnOpOnMemoryAnEarlierOneWritesWaitsForItsEnd) {
+  const auto job = unique_job("order-raw");
+  FakeDaemon daemon(small_spec(job));
+  daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::uint64_t n = 1000;
+  auto buf = iota_floats(n);
+  auto a = c->world()->allreduce(buf.data(), buf.data(), n, DType::Float32, ReduceOp::Sum);
+  ASSERT_TRUE(daemon.wait_for_requests(1));
+  auto b = c->world()->allreduce(buf.data() + n / 2, buf.data() + n / 2, n / 2, DType::Float32, ReduceOp::Sum);
+  std::this_thread::sleep_for(30ms);
+  EXPECT_EQ(daemon.requests().size(), 1u) << "the second op went before the first one wrote the memory";
+  daemon.release_held();
+  a->wait(10s);
+  ASSERT_TRUE(daemon.wait_for_requests(2)) << "the second op never went after the first was done";
+  daemon.release_held();
+  b->wait(10s);
+  EXPECT_EQ(b->status(), Status::Ok);
+}
+
+TEST(Client, AnOpThatOverwritesWhatAnEarlierOneOnlyReadsWaitsOnlyForItsReads) {
+  const auto job = unique_job("order-war");
+  FakeDaemon daemon(small_spec(job));
+  daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::uint64_t n = 1000;
+  const auto z = iota_floats(n);
+  auto x = iota_floats(n);
+  std::vector<float> y(n, 0.0f);
+  auto a = c->world()->allreduce(x.data(), y.data(), n, DType::Float32, ReduceOp::Sum);  // reads x
+  auto b = c->world()->allreduce(z.data(), x.data(), n, DType::Float32, ReduceOp::Sum);  // writes x
+  // The first op's bytes are in its arena already: the second may go while it is in flight.
+  EXPECT_TRUE(daemon.wait_for_requests(2)) << "the second op waited for the first op's end";
+  daemon.release_held();
+  a->wait(10s);
+  b->wait(10s);
+  EXPECT_EQ(y, iota_floats(n)) << "the first op saw the second op's result";
+}
+
+TEST(Client, OpsOnDisjointMemoryDoNotWaitForEachOther) {
+  const auto job = unique_job("order-disjoint");
+  FakeDaemon daemon(small_spec(job));
+  daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::uint64_t n = 1000;
+  auto buf = iota_floats(2 * n);
+  auto a = c->world()->allreduce(buf.data(), buf.data(), n, DType::Float32, ReduceOp::Sum);
+  auto b = c->world()->allreduce(buf.data() + n, buf.data() + n, n, DType::Float32, ReduceOp::Sum);
+  EXPECT_TRUE(daemon.wait_for_requests(2)) << "an op on other memory waited";
+  daemon.release_held();
+  a->wait(10s);
+  b->wait(10s);
+}

@@ -74,6 +74,14 @@ class FakeCopier final : public StagingCopier {
     run(Lane::In);
     run(Lane::Out);
   }
+  void follow(StagingCopier& earlier) noexcept override {
+    std::lock_guard lk(mu_);
+    followed_.push_back(&earlier);
+  }
+  std::vector<const StagingCopier*> followed() const {
+    std::lock_guard lk(mu_);
+    return followed_;
+  }
 
   // Runs `lane`'s copies up to fence `upto`, then wakes the client unless `wake` is false (as
   // a GPU copy that an event shows finished before its host function ran); returns the
@@ -141,6 +149,7 @@ class FakeCopier final : public StagingCopier {
   std::function<void()> wake_;
   std::string error_;
   std::atomic<bool> drained_{false};
+  std::vector<const StagingCopier*> followed_;
   std::atomic<bool> stop_{false};
   std::thread auto_;
 };
@@ -433,4 +442,40 @@ TEST(StagingCopier, DetachWithCopiesStillQueuedFailsTheOpAndTheClientWaitsForThe
   w.reset();  // the last reference to the client: it must not unmap the arena under queued copies
   EXPECT_TRUE(copier->drained());
   EXPECT_TRUE(daemon.requests().empty());
+}
+
+TEST(StagingCopier, AnOpOnTheSameMemoryWaitsAndItsCopierFollowsTheEarlierOnes) {
+  // Two ops on one CUDA tensor, issued back to back: the second copies nothing in before the
+  // first is done, and then its copies follow the first one's (which may still run on the GPU).
+  const auto job = unique_job("copier-follow");
+  FakeDaemon daemon(small_spec(job));
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::size_t n = 64 * 1024;  // 4 chunks
+  auto buf = ramp(n);
+  auto [first, co1] = copier_for(buf.data(), buf.data());
+  auto [second, co2] = copier_for(buf.data(), buf.data());
+  auto a = c->world()->allreduce(buf.data(), buf.data(), n, DType::Float32, ReduceOp::Sum, co1);
+  auto b = c->world()->allreduce(buf.data(), buf.data(), n, DType::Float32, ReduceOp::Sum, co2);
+  ASSERT_TRUE(eventually([&] { return first->issued(StagingCopier::Lane::In) == 4; }));
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(second->issued(StagingCopier::Lane::In), 0u) << "the second op copied in before the first was done";
+  first->run(StagingCopier::Lane::In);
+  a->wait(10s);
+  ASSERT_TRUE(eventually([&] { return second->issued(StagingCopier::Lane::In) == 4; }));
+  ASSERT_EQ(second->followed().size(), 1u);
+  EXPECT_EQ(second->followed()[0], first.get());
+  first->run(StagingCopier::Lane::Out);
+  second->run(StagingCopier::Lane::In);
+  b->wait(10s);
+  second->run(StagingCopier::Lane::Out);
+  EXPECT_EQ(b->status(), Status::Ok);
+  EXPECT_EQ(buf, ramp(n));
+  // Both done and their copies over: a third op on the memory has nothing to follow.
+  auto [third, co3] = copier_for(buf.data(), buf.data());
+  third->start_auto(true, true);
+  c->world()->allreduce(buf.data(), buf.data(), n, DType::Float32, ReduceOp::Sum, co3)->wait(10s);
+  third->stop_auto();
+  third->run(StagingCopier::Lane::Out);  // the last copies out may not have run yet
+  EXPECT_TRUE(third->followed().empty());
 }

@@ -367,6 +367,26 @@ def check_many_async():
             return "op %d: %s != %s" % (i, t[0].item(), exp)
 
 
+def check_chained_async_on_one_tensor():
+    # Issued back to back on one tensor with no wait between: they run in issue order, as on
+    # NCCL's stream and Gloo's queue (sizes of one chunk and of several).
+    want = float(sum(range(1, W + 1)))
+    for n in (5, 300001):
+        t = torch.full((n,), float(rank + 1))
+        works = [dist.all_reduce(t, async_op=True), dist.all_reduce(t, async_op=True)]
+        b = torch.full((n,), float(rank + 1))
+        works += [dist.all_reduce(b, async_op=True), dist.broadcast(b, src=W - 1, async_op=True)]
+        out = torch.empty(W * n)
+        g = torch.full((n,), float(rank))
+        works += [dist.all_gather_into_tensor(out, g, async_op=True), dist.all_reduce(out, async_op=True)]
+        for w in works:
+            w.wait()
+        err = (close(t, torch.full((n,), want * W)) or close(b, torch.full((n,), want))
+               or close(out, torch.arange(W, dtype=torch.float32).repeat_interleave(n) * W))
+        if err:
+            return "n=%d: %s" % (n, err)
+
+
 def check_objects():
     objs = [None] * W
     dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
@@ -414,6 +434,7 @@ chk.run("gpu_work_of_host_tensors", check_gpu_work_of_host_tensors)
 chk.run("future_without_wait", check_future_without_wait)
 chk.run("future_then", check_future_then)
 chk.run("many_async", check_many_async)
+chk.run("chained_async_on_one_tensor", check_chained_async_on_one_tensor)
 chk.run("objects", check_objects)
 chk.run("barrier", check_barrier)
 chk.run("sequence_number", check_sequence_number)

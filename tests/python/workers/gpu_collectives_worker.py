@@ -281,8 +281,33 @@ def check_many_inflight():
     return None
 
 
+def check_chained_async_on_one_tensor():
+    """Issued back to back on one tensor, no wait between: they run in issue order (NCCL's
+    stream order), in-node and across nodes (where each op's copies through the arena run on
+    streams of its own), at a size of one chunk and of several."""
+    want = float(sum(range(1, W + 1)))
+    for n in (5, 600001):
+        t = torch.full((n,), float(rank + 1), device=dev)
+        works = [dist.all_reduce(t, async_op=True), dist.all_reduce(t, async_op=True)]
+        b = torch.full((n,), float(rank + 1), device=dev)
+        works += [dist.all_reduce(b, async_op=True), dist.broadcast(b, src=W - 1, async_op=True)]
+        out = torch.empty(W * n, device=dev)
+        g = torch.full((n,), float(rank), device=dev)
+        works += [dist.all_gather_into_tensor(out, g, async_op=True), dist.all_reduce(out, async_op=True)]
+        for w in works:
+            w.wait()
+        exp_out = torch.arange(W, dtype=torch.float32, device=dev).repeat_interleave(n) * W
+        for name, got, exp in (("allreduce twice", t, torch.full_like(t, want * W)),
+                               ("allreduce then broadcast", b, torch.full_like(b, want)),
+                               ("all_gather then allreduce", out, exp_out)):
+            if not torch.equal(got, exp):
+                return "n=%d, %s: %s != %s" % (n, name, got[:3].tolist(), exp[:3].tolist())
+    return None
+
+
 chk.run("stream_semantics", check_stream_semantics)
 chk.run("many_inflight", check_many_inflight)
+chk.run("chained_async_on_one_tensor", check_chained_async_on_one_tensor)
 for n in SIZES:
     for dname in DTYPES:
         ops = ["SUM", "PRODUCT", "MIN", "MAX"]
