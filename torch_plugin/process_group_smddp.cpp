@@ -1,6 +1,10 @@
 #include "torch_plugin/process_group_smddp.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 #include <numeric>
 #include <string_view>
 
@@ -46,6 +50,97 @@ void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& outputs) {
     offset += n;
   }
 }
+
+// --- order on memory the plugin itself reads or writes ------------------------------------
+// The client runs ops on overlapping buffers in issue order (client_impl.hpp, touching_), but it
+// sees only the buffers it is given. Some ops hand it temporaries instead: they flatten list
+// inputs into one at issue, or copy a result into the caller's list when the op ends (the
+// epilogue). Those reads and writes of the caller's tensors are ordered here, per process: such
+// an op first waits for every earlier op still pending (it cannot tell which of them write
+// its tensors: the others are not tracked by memory, to keep the common ops' issue cheap), and
+// any op waits for an earlier such op whose tensors overlap its own. Waiting is Work.wait():
+// the CPU waits for the op's end, and for CUDA tensors the current stream follows it.
+struct Span {
+  std::uintptr_t begin = 0, end = 0;
+};
+
+bool overlap(const std::vector<Span>& a, const std::vector<Span>& b) {
+  for (const auto& x : a)
+    for (const auto& y : b)
+      if (x.begin < y.end && y.begin < x.end) return true;
+  return false;
+}
+
+std::vector<Span> spans_of(const std::vector<at::Tensor>& tensors) {
+  std::vector<Span> v;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.numel() == 0 || !t.has_storage()) continue;
+    const auto b = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+    v.push_back({b, b + static_cast<std::uintptr_t>(t.numel()) * static_cast<std::uintptr_t>(t.element_size())});
+  }
+  return v;
+}
+
+// The ops that read or write the caller's tensors outside the client (see above).
+bool touches_outside_client(std::string_view op) {
+  return op == "allreduce_coalesced" || op == "allgather" || op == "allgather_coalesced" || op == "gather" ||
+         op == "scatter" || op == "reduce_scatter" || op == "alltoall";
+}
+
+class PendingWorks {
+ public:
+  // `spans`: the tensors of an op that touches them outside the client (empty otherwise).
+  void add(const c10::intrusive_ptr<WorkSMDDP>& work, std::vector<Span> spans, bool outside) {
+    std::lock_guard lk(mu_);
+    std::erase_if(entries_, [](const Entry& e) {
+      auto w = e.work.lock();
+      return !w || w->finalized();
+    });
+    entries_.push_back({c10::weak_intrusive_ptr<WorkSMDDP>(work), std::move(spans), outside});
+    outside_.store(std::any_of(entries_.begin(), entries_.end(), [](const Entry& e) { return e.outside; }),
+                   std::memory_order_relaxed);
+  }
+  // Whether an op that touches its tensors outside the client may be pending (cheap).
+  bool any_outside() const { return outside_.load(std::memory_order_relaxed); }
+  // The earlier ops an op on `tensors` waits for: all pending ones if it touches them outside
+  // the client, else those that do and overlap them.
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> before(const std::vector<at::Tensor>& tensors, bool outside) {
+    std::vector<c10::intrusive_ptr<WorkSMDDP>> v;
+    if (!outside && !any_outside()) return v;
+    const auto spans = outside ? std::vector<Span>{} : spans_of(tensors);
+    std::lock_guard lk(mu_);
+    for (const auto& e : entries_) {
+      if (!outside && !(e.outside && overlap(e.spans, spans))) continue;
+      if (auto w = e.work.lock(); w && !w->finalized()) v.push_back(std::move(w));
+    }
+    return v;
+  }
+
+ private:
+  struct Entry {
+    // Weak: the op keeps itself alive until it ends, and its tensors go with its last strong
+    // reference (WorkSMDDP::release_resources), not with this entry.
+    c10::weak_intrusive_ptr<WorkSMDDP> work;
+    std::vector<Span> spans;
+    bool outside;
+  };
+  std::mutex mu_;
+  std::deque<Entry> entries_;
+  std::atomic<bool> outside_{false};
+};
+
+PendingWorks& pending_works() {
+  static PendingWorks p;
+  return p;
+}
+
+// What supported_path() found for the op being issued on this thread, for run() to register.
+struct Issue {
+  const char* op = nullptr;
+  std::vector<Span> spans;
+  bool outside = false;
+};
+thread_local Issue t_issue;
 
 bool env_true(const char* name) {
   const char* v = std::getenv(name);
@@ -159,6 +254,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::run(const c10::intrusive_ptr<W
     throw;
   }
   work->arm();
+  if (t_issue.op == work->op_name()) pending_works().add(work, std::move(t_issue.spans), t_issue.outside);
+  t_issue = Issue{};
   sequence_.fetch_add(1);
 #if SMDDP_TORCH_2
   {
@@ -181,6 +278,15 @@ DevicePath ProcessGroupSMDDP::supported_path(const char* op, const std::vector<a
   if (path == DevicePath::Cuda) {
     if (auto why = gpu::capture_refusal(tensors.front().device())) throw_unsupported(op, *why);
   }
+  const bool outside = touches_outside_client(op);
+  for (const auto& earlier : pending_works().before(tensors, outside)) {
+    try {
+      earlier->wait();
+    } catch (...) {
+      // Its failure is its caller's to see; this op goes on after it, as on NCCL's stream.
+    }
+  }
+  t_issue = Issue{op, outside ? spans_of(tensors) : std::vector<Span>{}, outside};
   return path;
 }
 

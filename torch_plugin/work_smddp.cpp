@@ -18,6 +18,21 @@ WorkSMDDP::WorkSMDDP(int rank, c10d::OpType type, const char* op_name, std::vect
 
 WorkSMDDP::~WorkSMDDP() = default;
 
+void WorkSMDDP::release_resources() {
+  // Nothing else holds this work any more (a weak reference cannot be locked now).
+  outputs_.clear();
+  keep_alive_.clear();
+  epilogue_ = nullptr;
+  future_.reset();
+  ops_.clear();
+  children_.clear();
+  sync_children_.clear();
+  staging_.clear();
+  arena_copiers_.clear();
+  fast_.reset();
+  done_.reset();
+}
+
 void WorkSMDDP::add_op(client::WorkPtr op) {
   std::lock_guard lock(state_mutex_);
   ops_.push_back(std::move(op));
@@ -240,6 +255,11 @@ void WorkSMDDP::finalize() {
   for (auto& cb : listeners) {
     cb();
   }
+}
+
+bool WorkSMDDP::finalized() const {
+  std::lock_guard lock(state_mutex_);
+  return finalized_;
 }
 
 void WorkSMDDP::when_finished(std::function<void()> cb) {

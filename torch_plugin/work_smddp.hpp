@@ -44,6 +44,9 @@ class WorkSMDDP : public c10d::Work {
   // and the Future report.
   WorkSMDDP(int rank, c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs);
   ~WorkSMDDP() override;
+  // The last strong reference went while weak ones remain (the plugin's list of pending ops):
+  // the tensors, GPU marks and client ops go now, not when the object does.
+  void release_resources() override;
 
   // --- building (before arm()) ---
   void add_op(client::WorkPtr op);
@@ -65,6 +68,8 @@ class WorkSMDDP : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
   const char* op_name() const noexcept { return op_name_; }
+  // Whether the op has ended (success or failure), without progressing anything.
+  bool finalized() const;
 
   // --- GPU path (before arm()) ---
   // The work's tensors are CUDA tensors on `device`: its Future is CUDA-aware, completion
@@ -79,7 +84,8 @@ class WorkSMDDP : public c10d::Work {
   // buffer is copied into it on completion, before the epilogue.
   void add_staging(std::shared_ptr<gpu::CudaPath::Staging> s, at::Tensor copy_to);
   // Across nodes: the copier that moves the op's bytes through the arena. On completion the
-  // completion stream waits for its copies out, before the epilogue; a failed copy fails the work.
+  // op ends after its copies out (on the copier's Out lane), where the epilogue runs; a failed
+  // copy fails the work.
   void add_arena_copier(std::shared_ptr<client::StagingCopier> copier);
   // The GPU fast path: the op's kernel is already enqueued; `mark` follows it. If this work is
   // that one op alone, wait() only makes the caller's stream wait for it (as NCCL's), and a

@@ -305,9 +305,31 @@ def check_chained_async_on_one_tensor():
     return None
 
 
+def check_chained_list_forms():
+    # The same for the list forms, whose list tensors the plugin itself copies (flattened
+    # inputs at issue, outputs when the op ends), outside the client.
+    want = float(sum(range(1, W + 1)))
+    for n in (3, 200003):
+        lst = [torch.full((n,), -1.0, device=dev) for _ in range(W)]
+        a = dist.all_gather(lst, torch.full((n,), float(rank + 1), device=dev), async_op=True)
+        b = dist.all_reduce(lst[0], async_op=True)  # list[0] is rank 0's block: 1.0 once gathered
+        xs = [torch.full((n,), float(rank + 1), device=dev) for _ in range(W)]
+        ws = [dist.all_reduce(x, async_op=True) for x in xs]
+        out = torch.empty(n, device=dev)
+        c = dist.reduce_scatter(out, xs, async_op=True)  # its inputs flattened at issue
+        for w in [a, b] + ws + [c]:
+            w.wait()
+        if not torch.equal(lst[0], torch.full_like(lst[0], float(W))):
+            return "n=%d, all_gather then all_reduce of list[0]: %s" % (n, lst[0][:3].tolist())
+        if not torch.equal(out, torch.full_like(out, want * W)):
+            return "n=%d, all_reduces then reduce_scatter of them: %s" % (n, out[:3].tolist())
+    return None
+
+
 chk.run("stream_semantics", check_stream_semantics)
 chk.run("many_inflight", check_many_inflight)
 chk.run("chained_async_on_one_tensor", check_chained_async_on_one_tensor)
+chk.run("chained_list_forms", check_chained_list_forms)
 for n in SIZES:
     for dname in DTYPES:
         ops = ["SUM", "PRODUCT", "MIN", "MAX"]
