@@ -817,8 +817,16 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
       if (!op.done() && Clock::now() >= op.deadline_) {
         if (op.status_ == Status::Ok) {
           op.status_ = Status::Timeout;
-          op.error_ = "no answer from the smddp daemon for " + std::string(ipc::to_string(op.plan_.base.op)) +
-                      " well past its timeout";
+          const auto blocker = std::find_if(op.deps_.begin(), op.deps_.end(), [](const OpState::Dep& d) {
+            return d.op && !d.op->done();
+          });
+          op.error_ = blocker == op.deps_.end()
+                          ? "no answer from the smddp daemon for " + std::string(ipc::to_string(op.plan_.base.op)) +
+                                " well past its timeout"
+                          : std::string(ipc::to_string(op.plan_.base.op)) +
+                                " never started: it waits for an earlier " +
+                                std::string(ipc::to_string(blocker->op->plan_.base.op)) +
+                                " on the same memory, which has not finished (issued earlier, not waited for)";
         }
         // Its regions stay allocated; the daemon may still write them.
         for (auto it = inflight_.begin(); it != inflight_.end();) {

@@ -612,3 +612,26 @@ TEST(Client, OpsOnDisjointMemoryDoNotWaitForEachOther) {
   a->wait(10s);
   b->wait(10s);
 }
+
+TEST(Client, AnOpStuckBehindAnEarlierOneOnItsMemoryTimesOutSayingSo) {
+  // The earlier op never finishes (as a receive whose sender never sends): the later one on the
+  // same memory never starts, and its timeout names what it waits for.
+  const auto job = unique_job("order-timeout");
+  FakeDaemon daemon(small_spec(job));
+  daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  const std::uint64_t n = 100;
+  auto buf = iota_floats(n);
+  smddp::client::CallOptions quick;
+  quick.timeout = 100ms;
+  auto a = c->world()->allreduce(buf.data(), buf.data(), n, DType::Float32, ReduceOp::Sum);
+  auto b = c->world()->broadcast(buf.data(), n, DType::Float32, 0, quick);
+  const auto e = error_of([&] { b->wait(); });  // up to the op's timeout and the client's backstop
+  EXPECT_EQ(e.status(), Status::Timeout);
+  EXPECT_TRUE(contains(e.what(), "broadcast never started: it waits for an earlier allreduce on the same memory"))
+      << e.what();
+  EXPECT_EQ(daemon.requests().size(), 1u);
+  daemon.release_held();
+  a->wait(10s);
+}
