@@ -6,7 +6,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from common import Checker, close, init
+from common import Checker, chained_list_forms, chained_on_one_tensor, close, init
 
 rank, W = init()
 gloo = dist.new_group(backend="gloo")
@@ -367,47 +367,6 @@ def check_many_async():
             return "op %d: %s != %s" % (i, t[0].item(), exp)
 
 
-def check_chained_async_on_one_tensor():
-    # Issued back to back on one tensor with no wait between: they run in issue order, as on
-    # NCCL's stream and Gloo's queue (sizes of one chunk and of several).
-    want = float(sum(range(1, W + 1)))
-    for n in (5, 300001):
-        t = torch.full((n,), float(rank + 1))
-        works = [dist.all_reduce(t, async_op=True), dist.all_reduce(t, async_op=True)]
-        b = torch.full((n,), float(rank + 1))
-        works += [dist.all_reduce(b, async_op=True), dist.broadcast(b, src=W - 1, async_op=True)]
-        out = torch.empty(W * n)
-        g = torch.full((n,), float(rank))
-        works += [dist.all_gather_into_tensor(out, g, async_op=True), dist.all_reduce(out, async_op=True)]
-        for w in works:
-            w.wait()
-        err = (close(t, torch.full((n,), want * W)) or close(b, torch.full((n,), want))
-               or close(out, torch.arange(W, dtype=torch.float32).repeat_interleave(n) * W))
-        if err:
-            return "n=%d: %s" % (n, err)
-
-
-def check_chained_list_forms():
-    # The same for the list forms, whose list tensors the plugin itself copies (flattened
-    # inputs at issue, outputs when the op ends), outside the client.
-    want = float(sum(range(1, W + 1)))
-    for n in (3, 200003):
-        lst = [torch.full((n,), -1.0) for _ in range(W)]
-        a = dist.all_gather(lst, torch.full((n,), float(rank + 1)), async_op=True)
-        b = dist.all_reduce(lst[0], async_op=True)  # list[0] is rank 0's block: 1.0 once gathered
-        xs = [torch.full((n,), float(rank + 1)) for _ in range(W)]
-        ws = [dist.all_reduce(x, async_op=True) for x in xs]
-        out = torch.empty(n)
-        c = dist.reduce_scatter(out, xs, async_op=True)  # its inputs flattened at issue
-        for w in [a, b] + ws + [c]:
-            w.wait()
-        if not torch.equal(lst[0], torch.full_like(lst[0], float(W))):
-            return "n=%d, all_gather then all_reduce of list[0]: %s" % (n, lst[0][:3].tolist())
-        if not torch.equal(out, torch.full_like(out, want * W)):
-            return "n=%d, all_reduces then reduce_scatter of them: %s" % (n, out[:3].tolist())
-    return None
-
-
 def check_objects():
     objs = [None] * W
     dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
@@ -455,8 +414,8 @@ chk.run("gpu_work_of_host_tensors", check_gpu_work_of_host_tensors)
 chk.run("future_without_wait", check_future_without_wait)
 chk.run("future_then", check_future_then)
 chk.run("many_async", check_many_async)
-chk.run("chained_async_on_one_tensor", check_chained_async_on_one_tensor)
-chk.run("chained_list_forms", check_chained_list_forms)
+chk.run("chained_async_on_one_tensor", chained_on_one_tensor, rank, W, "cpu", (5, 300001))
+chk.run("chained_list_forms", chained_list_forms, rank, W, "cpu", (3, 200003))
 chk.run("objects", check_objects)
 chk.run("barrier", check_barrier)
 chk.run("sequence_number", check_sequence_number)

@@ -108,3 +108,60 @@ def init(backend="smddp"):
 
 def env_int(name, default):
     return int(os.environ.get(name, default))
+
+
+def chained_on_one_tensor(rank, W, device, sizes):
+    """Ops issued back to back on one tensor with no wait between run in issue order, as on
+    NCCL's stream and Gloo's queue: two all_reduces, an all_reduce then a broadcast, an
+    all_gather then an all_reduce. None if right, else what differs."""
+    import torch.distributed as dist
+    want = float(sum(range(1, W + 1)))
+    for n in sizes:
+        t = torch.full((n,), float(rank + 1), device=device)
+        works = [dist.all_reduce(t, async_op=True), dist.all_reduce(t, async_op=True)]
+        b = torch.full((n,), float(rank + 1), device=device)
+        works += [dist.all_reduce(b, async_op=True), dist.broadcast(b, src=W - 1, async_op=True)]
+        out = torch.empty(W * n, device=device)
+        g = torch.full((n,), float(rank), device=device)
+        works += [dist.all_gather_into_tensor(out, g, async_op=True), dist.all_reduce(out, async_op=True)]
+        for w in works:
+            w.wait()
+        err = _first_difference(n, (
+            ("allreduce twice", t, torch.full_like(t, want * W)),
+            ("allreduce then broadcast", b, torch.full_like(b, want)),
+            ("all_gather then allreduce", out,
+             torch.arange(W, dtype=torch.float32, device=device).repeat_interleave(n) * W)))
+        if err:
+            return err
+    return None
+
+
+def chained_list_forms(rank, W, device, sizes):
+    """The same for the list forms, whose list tensors the plugin copies itself (flattened
+    inputs at issue, outputs when the op ends): an all_gather into a list then an all_reduce of
+    list[0], and all_reduces then a reduce_scatter from them."""
+    import torch.distributed as dist
+    want = float(sum(range(1, W + 1)))
+    for n in sizes:
+        lst = [torch.full((n,), -1.0, device=device) for _ in range(W)]
+        a = dist.all_gather(lst, torch.full((n,), float(rank + 1), device=device), async_op=True)
+        b = dist.all_reduce(lst[0], async_op=True)  # rank 0's block: 1.0 once gathered
+        xs = [torch.full((n,), float(rank + 1), device=device) for _ in range(W)]
+        ws = [dist.all_reduce(x, async_op=True) for x in xs]
+        out = torch.empty(n, device=device)
+        c = dist.reduce_scatter(out, xs, async_op=True)  # its inputs are flattened at issue
+        for w in [a, b] + ws + [c]:
+            w.wait()
+        err = _first_difference(n, (
+            ("all_gather then all_reduce of list[0]", lst[0], torch.full_like(lst[0], float(W))),
+            ("all_reduces then reduce_scatter of them", out, torch.full_like(out, want * W))))
+        if err:
+            return err
+    return None
+
+
+def _first_difference(n, cases):
+    for name, got, exp in cases:
+        if not torch.equal(got, exp):
+            return "n=%d, %s: %s != %s" % (n, name, got[:3].tolist(), exp[:3].tolist())
+    return None

@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from common import Checker, close, init
+from common import Checker, chained_list_forms, chained_on_one_tensor, close, init
 
 # Imported first: it maps the launcher's variables (mpirun's OMPI_COMM_WORLD_LOCAL_RANK) to
 # LOCAL_RANK, which picks this rank's GPU.
@@ -281,55 +281,10 @@ def check_many_inflight():
     return None
 
 
-def check_chained_async_on_one_tensor():
-    """Issued back to back on one tensor, no wait between: they run in issue order (NCCL's
-    stream order), in-node and across nodes (where each op's copies through the arena run on
-    streams of its own), at a size of one chunk and of several."""
-    want = float(sum(range(1, W + 1)))
-    for n in (5, 600001):
-        t = torch.full((n,), float(rank + 1), device=dev)
-        works = [dist.all_reduce(t, async_op=True), dist.all_reduce(t, async_op=True)]
-        b = torch.full((n,), float(rank + 1), device=dev)
-        works += [dist.all_reduce(b, async_op=True), dist.broadcast(b, src=W - 1, async_op=True)]
-        out = torch.empty(W * n, device=dev)
-        g = torch.full((n,), float(rank), device=dev)
-        works += [dist.all_gather_into_tensor(out, g, async_op=True), dist.all_reduce(out, async_op=True)]
-        for w in works:
-            w.wait()
-        exp_out = torch.arange(W, dtype=torch.float32, device=dev).repeat_interleave(n) * W
-        for name, got, exp in (("allreduce twice", t, torch.full_like(t, want * W)),
-                               ("allreduce then broadcast", b, torch.full_like(b, want)),
-                               ("all_gather then allreduce", out, exp_out)):
-            if not torch.equal(got, exp):
-                return "n=%d, %s: %s != %s" % (n, name, got[:3].tolist(), exp[:3].tolist())
-    return None
-
-
-def check_chained_list_forms():
-    # The same for the list forms, whose list tensors the plugin itself copies (flattened
-    # inputs at issue, outputs when the op ends), outside the client.
-    want = float(sum(range(1, W + 1)))
-    for n in (3, 200003):
-        lst = [torch.full((n,), -1.0, device=dev) for _ in range(W)]
-        a = dist.all_gather(lst, torch.full((n,), float(rank + 1), device=dev), async_op=True)
-        b = dist.all_reduce(lst[0], async_op=True)  # list[0] is rank 0's block: 1.0 once gathered
-        xs = [torch.full((n,), float(rank + 1), device=dev) for _ in range(W)]
-        ws = [dist.all_reduce(x, async_op=True) for x in xs]
-        out = torch.empty(n, device=dev)
-        c = dist.reduce_scatter(out, xs, async_op=True)  # its inputs flattened at issue
-        for w in [a, b] + ws + [c]:
-            w.wait()
-        if not torch.equal(lst[0], torch.full_like(lst[0], float(W))):
-            return "n=%d, all_gather then all_reduce of list[0]: %s" % (n, lst[0][:3].tolist())
-        if not torch.equal(out, torch.full_like(out, want * W)):
-            return "n=%d, all_reduces then reduce_scatter of them: %s" % (n, out[:3].tolist())
-    return None
-
-
 chk.run("stream_semantics", check_stream_semantics)
 chk.run("many_inflight", check_many_inflight)
-chk.run("chained_async_on_one_tensor", check_chained_async_on_one_tensor)
-chk.run("chained_list_forms", check_chained_list_forms)
+chk.run("chained_async_on_one_tensor", chained_on_one_tensor, rank, W, dev, (5, 600001))
+chk.run("chained_list_forms", chained_list_forms, rank, W, dev, (3, 200003))
 for n in SIZES:
     for dname in DTYPES:
         ops = ["SUM", "PRODUCT", "MIN", "MAX"]
