@@ -56,10 +56,9 @@ void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& outputs) {
 // sees only the buffers it is given. Some ops hand it temporaries instead: they flatten list
 // inputs into one at issue, or copy a result into the caller's list when the op ends (the
 // epilogue). Those reads and writes of the caller's tensors are ordered here, per process: such
-// an op first waits for every earlier op still pending (it cannot tell which of them write
-// its tensors: the others are not tracked by memory, to keep the common ops' issue cheap), and
-// any op waits for an earlier such op whose tensors overlap its own. Waiting is Work.wait():
-// the CPU waits for the op's end, and for CUDA tensors the current stream follows it.
+// an op first waits for the earlier ops still pending on memory its tensors overlap, and any op
+// waits for an earlier such op on memory its own tensors overlap. Waiting is Work.wait(): the
+// CPU waits for the op's end, and for CUDA tensors the current stream follows it.
 struct Span {
   std::uintptr_t begin = 0, end = 0;
 };
@@ -89,28 +88,31 @@ bool touches_outside_client(std::string_view op) {
 
 class PendingWorks {
  public:
-  // `spans`: the tensors of an op that touches them outside the client (empty otherwise).
+  // `spans`: the memory of the op's tensors; `outside`: it touches them outside the client.
   void add(const c10::intrusive_ptr<WorkSMDDP>& work, std::vector<Span> spans, bool outside) {
     std::lock_guard lk(mu_);
-    std::erase_if(entries_, [](const Entry& e) {
-      auto w = e.work.lock();
-      return !w || w->finalized();
-    });
+    // Ops mostly end in issue order: those ended at the front go at once (one still pending
+    // there keeps later ones listed, skipped by before(), until the list is long).
+    while (!entries_.empty() && ended(entries_.front())) pop_front_locked();
+    if (entries_.size() > 64) {
+      std::erase_if(entries_, [](const Entry& e) { return ended(e); });
+      outside_count_ = static_cast<std::size_t>(
+          std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.outside; }));
+    }
     entries_.push_back({c10::weak_intrusive_ptr<WorkSMDDP>(work), std::move(spans), outside});
-    outside_.store(std::any_of(entries_.begin(), entries_.end(), [](const Entry& e) { return e.outside; }),
-                   std::memory_order_relaxed);
+    outside_count_ += outside;
+    outside_.store(outside_count_ > 0, std::memory_order_relaxed);
   }
   // Whether an op that touches its tensors outside the client may be pending (cheap).
   bool any_outside() const { return outside_.load(std::memory_order_relaxed); }
-  // The earlier ops an op on `tensors` waits for: all pending ones if it touches them outside
-  // the client, else those that do and overlap them.
-  std::vector<c10::intrusive_ptr<WorkSMDDP>> before(const std::vector<at::Tensor>& tensors, bool outside) {
+  // The earlier ops still pending that an op on `spans` waits for: those on overlapping memory
+  // where either op touches it outside the client.
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> before(const std::vector<Span>& spans, bool outside) {
     std::vector<c10::intrusive_ptr<WorkSMDDP>> v;
     if (!outside && !any_outside()) return v;
-    const auto spans = outside ? std::vector<Span>{} : spans_of(tensors);
     std::lock_guard lk(mu_);
     for (const auto& e : entries_) {
-      if (!outside && !(e.outside && overlap(e.spans, spans))) continue;
+      if (!(outside || e.outside) || !overlap(e.spans, spans)) continue;
       if (auto w = e.work.lock(); w && !w->finalized()) v.push_back(std::move(w));
     }
     return v;
@@ -124,8 +126,17 @@ class PendingWorks {
     std::vector<Span> spans;
     bool outside;
   };
+  static bool ended(const Entry& e) {
+    auto w = e.work.lock();
+    return !w || w->finalized();
+  }
+  void pop_front_locked() {
+    outside_count_ -= entries_.front().outside;
+    entries_.pop_front();
+  }
   std::mutex mu_;
   std::deque<Entry> entries_;
+  std::size_t outside_count_ = 0;  // entries with `outside`
   std::atomic<bool> outside_{false};
 };
 
@@ -279,14 +290,15 @@ DevicePath ProcessGroupSMDDP::supported_path(const char* op, const std::vector<a
     if (auto why = gpu::capture_refusal(tensors.front().device())) throw_unsupported(op, *why);
   }
   const bool outside = touches_outside_client(op);
-  for (const auto& earlier : pending_works().before(tensors, outside)) {
+  auto spans = spans_of(tensors);
+  for (const auto& earlier : pending_works().before(spans, outside)) {
     try {
       earlier->wait();
     } catch (...) {
       // Its failure is its caller's to see; this op goes on after it, as on NCCL's stream.
     }
   }
-  t_issue = Issue{op, outside ? spans_of(tensors) : std::vector<Span>{}, outside};
+  t_issue = Issue{op, std::move(spans), outside};
   return path;
 }
 
