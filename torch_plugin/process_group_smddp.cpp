@@ -59,6 +59,9 @@ void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& outputs) {
 // an op first waits for the earlier ops still pending on memory its tensors overlap, and any op
 // waits for an earlier such op on memory its own tensors overlap. Waiting is Work.wait(): the
 // CPU waits for the op's end, and for CUDA tensors the current stream follows it.
+// Within a node the GPU path orders its ops by stream: the plan path's on the completion stream
+// in the daemon's order, the fast path's in issue order. An op of one path on memory a pending
+// op of the other path touches waits for that op the same way.
 struct Span {
   std::uintptr_t begin = 0, end = 0;
 };
@@ -86,10 +89,24 @@ bool touches_outside_client(std::string_view op) {
          op == "scatter" || op == "reduce_scatter" || op == "alltoall";
 }
 
+// Which in-node GPU path ran an op (None: any other op).
+enum class GpuPath { None, Fast, Plan };
+
+// Waits for each of `works` (its failure is its own caller's to see: this op goes on after it,
+// as on NCCL's stream).
+void wait_for(const std::vector<c10::intrusive_ptr<WorkSMDDP>>& works) {
+  for (const auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+    }
+  }
+}
+
 class PendingWorks {
  public:
   // `spans`: the memory of the op's tensors; `outside`: it touches them outside the client.
-  void add(const c10::intrusive_ptr<WorkSMDDP>& work, std::vector<Span> spans, bool outside) {
+  void add(const c10::intrusive_ptr<WorkSMDDP>& work, std::vector<Span> spans, bool outside, GpuPath path) {
     std::lock_guard lk(mu_);
     // Ops mostly end in issue order: those ended at the front go at once (one still pending
     // there keeps later ones listed, skipped by before(), until the list is long).
@@ -99,7 +116,7 @@ class PendingWorks {
       outside_count_ = static_cast<std::size_t>(
           std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.outside; }));
     }
-    entries_.push_back({c10::weak_intrusive_ptr<WorkSMDDP>(work), std::move(spans), outside});
+    entries_.push_back({c10::weak_intrusive_ptr<WorkSMDDP>(work), std::move(spans), outside, path});
     outside_count_ += outside;
     outside_.store(outside_count_ > 0, std::memory_order_relaxed);
   }
@@ -117,6 +134,17 @@ class PendingWorks {
     }
     return v;
   }
+  // The earlier in-node GPU ops still pending on the other path than `path` whose memory
+  // `spans` overlap.
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> other_path(const std::vector<Span>& spans, GpuPath path) {
+    std::vector<c10::intrusive_ptr<WorkSMDDP>> v;
+    std::lock_guard lk(mu_);
+    for (const auto& e : entries_) {
+      if (e.path == GpuPath::None || e.path == path || !overlap(e.spans, spans)) continue;
+      if (auto w = e.work.lock(); w && !w->finalized()) v.push_back(std::move(w));
+    }
+    return v;
+  }
 
  private:
   struct Entry {
@@ -125,6 +153,7 @@ class PendingWorks {
     c10::weak_intrusive_ptr<WorkSMDDP> work;
     std::vector<Span> spans;
     bool outside;
+    GpuPath path;
   };
   static bool ended(const Entry& e) {
     auto w = e.work.lock();
@@ -150,6 +179,7 @@ struct Issue {
   const char* op = nullptr;
   std::vector<Span> spans;
   bool outside = false;
+  GpuPath path = GpuPath::None;  // set by device_call() for in-node GPU ops
 };
 thread_local Issue t_issue;
 
@@ -265,7 +295,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupSMDDP::run(const c10::intrusive_ptr<W
     throw;
   }
   work->arm();
-  if (t_issue.op == work->op_name()) pending_works().add(work, std::move(t_issue.spans), t_issue.outside);
+  if (t_issue.op == work->op_name())
+    pending_works().add(work, std::move(t_issue.spans), t_issue.outside, t_issue.path);
   t_issue = Issue{};
   sequence_.fetch_add(1);
 #if SMDDP_TORCH_2
@@ -291,13 +322,7 @@ DevicePath ProcessGroupSMDDP::supported_path(const char* op, const std::vector<a
   }
   const bool outside = touches_outside_client(op);
   auto spans = spans_of(tensors);
-  for (const auto& earlier : pending_works().before(spans, outside)) {
-    try {
-      earlier->wait();
-    } catch (...) {
-      // Its failure is its caller's to see; this op goes on after it, as on NCCL's stream.
-    }
-  }
+  wait_for(pending_works().before(spans, outside));
   t_issue = Issue{op, std::move(spans), outside};
   return path;
 }
@@ -317,8 +342,12 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
   }
   if (fast_group_ && in && out && in->numel() > 0 && out->numel() > 0 && call.splits.empty() &&
       client_->num_nodes() == 1 && cuda_path_->fast_eligible(call, *in, *out, co.scale, comm_->size())) {
+    t_issue.path = GpuPath::Fast;
+    wait_for(pending_works().other_path(t_issue.spans, GpuPath::Fast));
     return fast_call(w, std::move(call), *in, *out, co, caller_waits);
   }
+  t_issue.path = GpuPath::Plan;
+  wait_for(pending_works().other_path(t_issue.spans, GpuPath::Plan));  // before its inputs are marked ready
   const auto bytes_of = [](const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); };
   // In place (allreduce, a broadcast root): one buffer for both roles.
   const bool same = in && out && in->numel() > 0 && in->data_ptr() == out->data_ptr() && in->numel() == out->numel();

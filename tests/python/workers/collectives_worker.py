@@ -6,7 +6,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from common import Checker, chained_list_forms, chained_on_one_tensor, close, init
+from common import Checker, chained_across_sizes, chained_list_forms, chained_on_one_tensor, close, init
 
 rank, W = init()
 gloo = dist.new_group(backend="gloo")
@@ -416,6 +416,7 @@ chk.run("future_then", check_future_then)
 chk.run("many_async", check_many_async)
 chk.run("chained_async_on_one_tensor", chained_on_one_tensor, rank, W, "cpu", (5, 300001))
 chk.run("chained_list_forms", chained_list_forms, rank, W, "cpu", (3, 200003))
+chk.run("chained_across_sizes", chained_across_sizes, rank, W, "cpu")
 chk.run("objects", check_objects)
 chk.run("barrier", check_barrier)
 chk.run("sequence_number", check_sequence_number)

@@ -160,6 +160,24 @@ def chained_list_forms(rank, W, device, sizes):
     return None
 
 
+def chained_across_sizes(rank, W, device, big=5_000_000, small=1000):
+    """An op on a large tensor and one on a small view of it, back to back both ways round:
+    in a node on the GPU path they take different paths (plan above 16 MiB, the fast kernel
+    below), which order their own ops by stream but not each other's."""
+    import torch.distributed as dist
+    want = float(sum(range(1, W + 1)))
+    t = torch.full((big,), float(rank + 1), device=device)
+    u = torch.full((big,), float(rank + 1), device=device)
+    works = [dist.all_reduce(t, async_op=True), dist.all_reduce(t[:small], async_op=True),
+             dist.all_reduce(u[:small], async_op=True), dist.all_reduce(u, async_op=True)]
+    for w in works:
+        w.wait()
+    exp = torch.full((big,), want, device=device)
+    exp[:small] = want * W
+    return _first_difference(big, (("large then a small view of it", t, exp),
+                                   ("a small view then the whole", u, exp)))
+
+
 def _first_difference(n, cases):
     for name, got, exp in cases:
         if not torch.equal(got, exp):

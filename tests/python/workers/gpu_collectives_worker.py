@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from common import Checker, chained_list_forms, chained_on_one_tensor, close, init
+from common import Checker, chained_across_sizes, chained_list_forms, chained_on_one_tensor, close, init
 
 # Imported first: it maps the launcher's variables (mpirun's OMPI_COMM_WORLD_LOCAL_RANK) to
 # LOCAL_RANK, which picks this rank's GPU.
@@ -285,6 +285,7 @@ chk.run("stream_semantics", check_stream_semantics)
 chk.run("many_inflight", check_many_inflight)
 chk.run("chained_async_on_one_tensor", chained_on_one_tensor, rank, W, dev, (5, 600001))
 chk.run("chained_list_forms", chained_list_forms, rank, W, dev, (3, 200003))
+chk.run("chained_across_sizes", chained_across_sizes, rank, W, dev)
 for n in SIZES:
     for dname in DTYPES:
         ops = ["SUM", "PRODUCT", "MIN", "MAX"]
