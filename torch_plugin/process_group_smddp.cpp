@@ -1,12 +1,15 @@
 #include "torch_plugin/process_group_smddp.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <numeric>
 #include <string_view>
+
+#include <boost/container/small_vector.hpp>
 
 #include "torch_plugin/client_registry.hpp"
 #include "torch_plugin/errors.hpp"
@@ -65,16 +68,18 @@ void unflatten_into(const at::Tensor& flat, std::vector<at::Tensor>& outputs) {
 struct Span {
   std::uintptr_t begin = 0, end = 0;
 };
+// Most ops name one to four tensors: their spans need no allocation at issue.
+using Spans = boost::container::small_vector<Span, 4>;
 
-bool overlap(const std::vector<Span>& a, const std::vector<Span>& b) {
+bool overlap(const Spans& a, const Spans& b) {
   for (const auto& x : a)
     for (const auto& y : b)
       if (x.begin < y.end && y.begin < x.end) return true;
   return false;
 }
 
-std::vector<Span> spans_of(const std::vector<at::Tensor>& tensors) {
-  std::vector<Span> v;
+Spans spans_of(const std::vector<at::Tensor>& tensors) {
+  Spans v;
   for (const auto& t : tensors) {
     if (!t.defined() || t.numel() == 0 || !t.has_storage()) continue;
     const auto b = reinterpret_cast<std::uintptr_t>(t.data_ptr());
@@ -106,44 +111,37 @@ void wait_for(const std::vector<c10::intrusive_ptr<WorkSMDDP>>& works) {
 class PendingWorks {
  public:
   // `spans`: the memory of the op's tensors; `outside`: it touches them outside the client.
-  void add(const c10::intrusive_ptr<WorkSMDDP>& work, std::vector<Span> spans, bool outside, GpuPath path) {
+  void add(const c10::intrusive_ptr<WorkSMDDP>& work, Spans spans, bool outside, GpuPath path) {
     std::lock_guard lk(mu_);
     // Ops mostly end in issue order: those ended at the front go at once (one still pending
     // there keeps later ones listed, skipped by before(), until the list is long).
-    while (!entries_.empty() && ended(entries_.front())) pop_front_locked();
+    while (!entries_.empty() && ended(entries_.front())) {
+      count(entries_.front(), -1);
+      entries_.pop_front();
+    }
     if (entries_.size() > 64) {
-      std::erase_if(entries_, [](const Entry& e) { return ended(e); });
-      outside_count_ = static_cast<std::size_t>(
-          std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.outside; }));
+      std::erase_if(entries_, [this](const Entry& e) {
+        if (!ended(e)) return false;
+        count(e, -1);
+        return true;
+      });
     }
     entries_.push_back({c10::weak_intrusive_ptr<WorkSMDDP>(work), std::move(spans), outside, path});
-    outside_count_ += outside;
-    outside_.store(outside_count_ > 0, std::memory_order_relaxed);
+    count(entries_.back(), +1);
   }
-  // Whether an op that touches its tensors outside the client may be pending (cheap).
-  bool any_outside() const { return outside_.load(std::memory_order_relaxed); }
   // The earlier ops still pending that an op on `spans` waits for: those on overlapping memory
   // where either op touches it outside the client.
-  std::vector<c10::intrusive_ptr<WorkSMDDP>> before(const std::vector<Span>& spans, bool outside) {
-    std::vector<c10::intrusive_ptr<WorkSMDDP>> v;
-    if (!outside && !any_outside()) return v;
-    std::lock_guard lk(mu_);
-    for (const auto& e : entries_) {
-      if (!(outside || e.outside) || !overlap(e.spans, spans)) continue;
-      if (auto w = e.work.lock(); w && !w->finalized()) v.push_back(std::move(w));
-    }
-    return v;
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> before(const Spans& spans, bool outside) {
+    if (!outside && !listed_outside_.load(std::memory_order_relaxed)) return {};
+    return matching(spans, [outside](const Entry& e) { return outside || e.outside; });
   }
   // The earlier in-node GPU ops still pending on the other path than `path` whose memory
   // `spans` overlap.
-  std::vector<c10::intrusive_ptr<WorkSMDDP>> other_path(const std::vector<Span>& spans, GpuPath path) {
-    std::vector<c10::intrusive_ptr<WorkSMDDP>> v;
-    std::lock_guard lk(mu_);
-    for (const auto& e : entries_) {
-      if (e.path == GpuPath::None || e.path == path || !overlap(e.spans, spans)) continue;
-      if (auto w = e.work.lock(); w && !w->finalized()) v.push_back(std::move(w));
-    }
-    return v;
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> other_path(const Spans& spans, GpuPath path) {
+    const GpuPath other = path == GpuPath::Fast ? GpuPath::Plan : GpuPath::Fast;
+    // Steady state runs one path only: no lock then.
+    if (!listed_[index(other)].load(std::memory_order_relaxed)) return {};
+    return matching(spans, [other](const Entry& e) { return e.path == other; });
   }
 
  private:
@@ -151,7 +149,7 @@ class PendingWorks {
     // Weak: the op keeps itself alive until it ends, and its tensors go with its last strong
     // reference (WorkSMDDP::release_resources), not with this entry.
     c10::weak_intrusive_ptr<WorkSMDDP> work;
-    std::vector<Span> spans;
+    Spans spans;
     bool outside;
     GpuPath path;
   };
@@ -159,14 +157,32 @@ class PendingWorks {
     auto w = e.work.lock();
     return !w || w->finalized();
   }
-  void pop_front_locked() {
-    outside_count_ -= entries_.front().outside;
-    entries_.pop_front();
+  static std::size_t index(GpuPath p) { return static_cast<std::size_t>(p); }
+  template <class Pred>
+  std::vector<c10::intrusive_ptr<WorkSMDDP>> matching(const Spans& spans, Pred&& pred) {
+    std::vector<c10::intrusive_ptr<WorkSMDDP>> v;
+    std::lock_guard lk(mu_);
+    for (const auto& e : entries_) {
+      if (!pred(e) || !overlap(e.spans, spans)) continue;
+      if (auto w = e.work.lock(); w && !w->finalized()) v.push_back(std::move(w));
+    }
+    return v;
+  }
+  // Keeps the counts of listed entries (ended ones included until they go) and their flags.
+  void count(const Entry& e, int by) {
+    outside_count_ += static_cast<std::size_t>(e.outside ? by : 0);
+    path_count_[index(e.path)] += static_cast<std::size_t>(by);
+    listed_outside_.store(outside_count_ > 0, std::memory_order_relaxed);
+    listed_[index(e.path)].store(path_count_[index(e.path)] > 0, std::memory_order_relaxed);
   }
   std::mutex mu_;
   std::deque<Entry> entries_;
-  std::size_t outside_count_ = 0;  // entries with `outside`
-  std::atomic<bool> outside_{false};
+  std::size_t outside_count_ = 0;          // entries with `outside`
+  std::array<std::size_t, 3> path_count_{};  // entries by GpuPath
+  // Read without the lock, as hints that skip it: an op issued by another thread at the same
+  // moment is not ordered before this one anyway.
+  std::atomic<bool> listed_outside_{false};
+  std::array<std::atomic<bool>, 3> listed_{};
 };
 
 PendingWorks& pending_works() {
@@ -177,7 +193,7 @@ PendingWorks& pending_works() {
 // What supported_path() found for the op being issued on this thread, for run() to register.
 struct Issue {
   const char* op = nullptr;
-  std::vector<Span> spans;
+  Spans spans;
   bool outside = false;
   GpuPath path = GpuPath::None;  // set by device_call() for in-node GPU ops
 };
