@@ -59,6 +59,19 @@ int Op::node_index_of_member(int g, const Topology& t) const {
 
 // ---- Ctx
 
+namespace {
+// log_level = trace: one line per step of each operation across nodes, with microseconds since
+// the first such line and since the operation started (where an operation's time goes).
+void trace_step(const Op& op, const char* what, Clock::time_point now) {
+  if (!spdlog::should_log(spdlog::level::trace)) return;
+  static const Clock::time_point t0 = now;
+  const auto us = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
+  const auto& d = op.match.posted.front().desc;
+  spdlog::trace("internode: {} #{} chunk at {} phase {} {}: t={} us, +{} us", ipc::to_string(d.op), d.seq,
+                d.chunk_offset, op.phase, what, us(now - t0), us(now - op.started));
+}
+}  // namespace
+
 std::uint64_t Engine::Ctx::tag(int src_node, int dst_node, std::uint64_t sub) const {
   // Tags are hashes of (operation, phase, direction, sub): two messages in flight between the
   // same peers collide only with probability ~2^-48 per pair, and the transport matches
@@ -395,6 +408,7 @@ void Engine::start(Match m, Clock::time_point now) {
   op->heard.assign(op->nodes.size(), 0);
   op->heard[static_cast<std::size_t>(op->me)] = 1;
   ops_.push_back(op);
+  trace_step(*op, "started", now);
   if (!admit(*op, {d.comm_id, d.seq, -1, -1})) return;
 
   // Phase 0: every node sends its members' descriptors to every other node of the group.
@@ -570,8 +584,14 @@ bool Engine::advance(Op& op, Clock::time_point now) {
       c.fail(Status::Internal, std::string("internal error: ") + e.what());
       done = true;
     }
-    if (done || !op.error.empty()) return true;
-    if (op.outstanding > 0) return false;
+    if (done || !op.error.empty()) {
+      trace_step(op, "done", now);
+      return true;
+    }
+    if (op.outstanding > 0) {
+      trace_step(op, "posted", now);
+      return false;
+    }
   }
 }
 
