@@ -60,6 +60,12 @@ int Op::node_index_of_member(int g, const Topology& t) const {
 // ---- Ctx
 
 namespace {
+std::size_t arena_bytes(const ipc::Segment& segment, int ranks) {
+  std::size_t n = 0;
+  for (int s = 0; s < ranks; ++s) n += segment.arena(s).size();
+  return n;
+}
+
 // log_level = trace: one line per step of each operation across nodes, with microseconds since
 // the first such line and since the operation started (where an operation's time goes).
 void trace_step(const Op& op, const char* what, Clock::time_point now) {
@@ -124,7 +130,7 @@ std::byte* Engine::Ctx::out(int g) const {
 }
 
 std::byte* Engine::Ctx::buffer(std::size_t bytes) {
-  op_.buffers.push_back(std::make_unique_for_overwrite<std::byte[]>(std::max<std::size_t>(bytes, 1)));
+  op_.buffers.push_back(e_.staging_.take(bytes));
   return op_.buffers.back().get();
 }
 
@@ -166,6 +172,7 @@ Engine::Engine(Topology topo, std::unique_ptr<transport::Transport> transport,
       transport_(std::move(transport)),
       segment_(segment),
       pool_(pool),
+      staging_(arena_bytes(segment, topo_.nproc_per_node)),
       options_(options),
       peers_(static_cast<std::size_t>(topo_.num_nodes)) {
   const auto now = Clock::now();

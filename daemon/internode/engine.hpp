@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/internode/staging_pool.hpp"
 #include "daemon/matcher.hpp"
 #include "daemon/transport/transport.hpp"
 #include "daemon/worker_pool.hpp"
@@ -167,6 +168,9 @@ class Engine {
   std::vector<transport::MemoryRegion> arena_regions_;
   const ipc::Segment& segment_;
   WorkerPool& pool_;
+  // What operations receive before they reduce or scatter it, reused (staging_pool.hpp); it
+  // keeps at most as many bytes as the node's arenas hold.
+  StagingPool staging_;
   Options options_;
   std::vector<Peer> peers_;  // indexed by node id
   std::deque<std::shared_ptr<Op>> ops_;
