@@ -3,7 +3,8 @@
 //   fabric_pingpong [--provider tcp;ofi_rxm|shm|...] [--interface lo] [--max-bytes N]
 //                   [--max-message N] [--iters N] [--window N]
 // Latency: half a round trip of one message each way. Bandwidth: `window` messages in flight
-// one way, then a 0-byte acknowledgement; GB/s = 1e9 bytes per second.
+// one way, then a 0-byte acknowledgement; both ways: `window` messages in flight each way at
+// once (as an allreduce across nodes moves its bytes), per direction. GB/s = 1e9 bytes per second.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,9 +85,9 @@ void run(bool client, const Options& o, int fd_out, int fd_in) {
   // One slice per window message, up to 256 MiB; beyond that slices are reused (the bytes
   // are not checked, only timed).
   const std::size_t window_bytes = o.max_bytes * static_cast<std::size_t>(o.window);
-  std::vector<std::uint8_t> buf(std::max(o.max_bytes, std::min(window_bytes, std::size_t{256} << 20)) + 1, 1);
+  std::vector<std::uint8_t> buf(std::max(2 * o.max_bytes, std::min(window_bytes, std::size_t{256} << 20)) + 1, 1);
   MemoryRegion region = t->register_memory(buf.data(), buf.size());
-  if (client) std::printf("%12s %12s %10s\n", "bytes", "latency_us", "GB/s");
+  if (client) std::printf("%12s %12s %10s %12s\n", "bytes", "latency_us", "GB/s", "both_GB/s");
   for (std::size_t bytes : sizes(o.max_bytes)) {
     const int reps = reps_for(bytes, o.iters);
     const int warmup = std::max(1, reps / 10);
@@ -124,7 +125,22 @@ void run(bool client, const Options& o, int fd_out, int fd_in) {
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const double gbps = static_cast<double>(bytes) * o.window * bw_reps / seconds / 1e9;
-    if (client) std::printf("%12zu %12.2f %10.3f\n", bytes, latency_us, gbps);
+    // Both ways: sends from the first half of the buffer, receives into the second.
+    const std::size_t half = (buf.size() - 1) / 2;
+    const std::size_t slices = bytes == 0 ? 1 : half / bytes;
+    for (int i = 0; i < 1 + bw_reps; ++i) {
+      if (i == 1) start = Clock::now();
+      Waiter w(*t);
+      for (int k = 0; k < o.window; ++k) {
+        const std::size_t at = (static_cast<std::size_t>(k) % slices) * bytes;
+        t->recv(peer, (client ? 300 : 200) + k, buf.data() + half + at, bytes, &region, w.callback());
+        t->send(peer, (client ? 200 : 300) + k, buf.data() + at, bytes, &region, w.callback());
+      }
+      w.wait();
+    }
+    const double both_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const double both_gbps = static_cast<double>(bytes) * o.window * bw_reps / both_seconds / 1e9;
+    if (client) std::printf("%12zu %12.2f %10.3f %12.3f\n", bytes, latency_us, gbps, both_gbps);
     std::fflush(stdout);
   }
   // Both sides finish before either endpoint closes.
