@@ -633,8 +633,10 @@ Finished Engine::finish_op(Op& op) {
 
 std::vector<Finished> Engine::progress(Clock::time_point now) {
   std::vector<Finished> out;
-  while (transport_->progress() > 0) {
-  }
+  // One batch of completions, then the operations: a chunk whose step's messages landed takes
+  // its next step while the other chunks' messages still arrive (draining them all first ran
+  // each step of every chunk of an operation together; AllGather over shm 10-15% slower).
+  transport_->progress();
   for (auto it = ops_.begin(); it != ops_.end();) {
     if (advance(**it, now)) {
       out.push_back(finish_op(**it));

@@ -458,7 +458,7 @@ std::size_t FabricTransport::progress() {
         on_chunk_done(slot, Status::success(), entries[static_cast<std::size_t>(i)].len);
       }
       handled += static_cast<std::size_t>(n);
-      continue;
+      break;
     }
     if (n == -FI_EAVAIL) {
       fi_cq_err_entry err{};

@@ -119,8 +119,10 @@ class Transport {
   // detector calls this when a node is gone). Their callbacks run before this returns.
   virtual void fail_peer(int peer, const std::string& reason) = 0;
 
-  // Drives the provider: drains the completion queue, runs callbacks, posts queued
-  // operations. Returns the number of completion entries handled (0: nothing happened).
+  // Drives the provider: reads one batch of completions, runs their callbacks, posts queued
+  // operations. Returns the number of completion entries handled (0: nothing happened); the
+  // caller calls again while it waits for more. One batch, not all: the operations whose
+  // messages completed go on at once instead of after every other message has landed.
   virtual std::size_t progress() = 0;
   // Messages whose callback has not run yet.
   virtual std::size_t pending() const = 0;
