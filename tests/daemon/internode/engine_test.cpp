@@ -7,9 +7,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -139,6 +143,69 @@ TEST_P(EngineTest, AllReduceSumsEveryRankOfEveryNode) {
     for (int s = 0; s < kRanks; ++s)
       for (std::uint64_t k = 0; k < n; ++k) ASSERT_EQ(nodes[i]->out(s)[k], static_cast<float>(10 * k)) << i << s << k;
   }
+}
+
+// The staging buffers of one operation are reused by the next ones (StagingPool): what an
+// earlier operation received must never show in a later one's result, and operations in flight
+// together never share one.
+TEST_P(EngineTest, AllReducesInFlightTogetherAndOneAfterAnotherEachSumTheirOwnInputs) {
+  constexpr std::uint64_t n = 4099;  // per chunk
+  constexpr int chunks = 3;           // in flight together, each in its own part of the arenas
+  constexpr std::uint64_t stride = 32ull << 10;  // bytes, more than a chunk
+  const auto value = [](int round, int chunk, int g, std::uint64_t k) {
+    return static_cast<float>((g + 1) * (round * chunks + chunk + 1)) + static_cast<float>(k % 7);
+  };
+  for (int round = 0; round < 8; ++round) {
+    for (int c = 0; c < chunks; ++c)
+      for (int i = 0; i < 2; ++i)
+        for (int s = 0; s < kRanks; ++s)
+          for (std::uint64_t k = 0; k < n; ++k) nodes[i]->in(s)[c * stride / 4 + k] = value(round, c, i * kRanks + s, k);
+    for (int c = 0; c < chunks; ++c) {
+      auto d = desc(OpType::AllReduce, chunks * n);
+      d.seq = static_cast<std::uint64_t>(round + 1);
+      d.chunk_count = n;
+      d.chunk_offset = static_cast<std::uint64_t>(c) * n;
+      for (int i = 0; i < 2; ++i) {
+        auto m = nodes[i]->match(d, i, n * 4, n * 4);
+        for (auto& p : m.posted) {
+          p.desc.input.offset = c * stride;
+          p.desc.output.offset = kOut + c * stride;
+        }
+        nodes[i]->engine->start(std::move(m), Clock::now());
+      }
+    }
+    auto done = drive(chunks);
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(done[i].size(), static_cast<std::size_t>(chunks));
+      for (const auto& f : done[i]) ASSERT_EQ(f.match.status, ipc::Status::Ok) << f.match.error;
+      for (int c = 0; c < chunks; ++c)
+        for (int s = 0; s < kRanks; ++s)
+          for (std::uint64_t k = 0; k < n; ++k) {
+            float want = 0;
+            for (int g = 0; g < 2 * kRanks; ++g) want += value(round, c, g, k);
+            ASSERT_EQ(nodes[i]->out(s)[c * stride / 4 + k], want)
+                << "round " << round << " chunk " << c << " node " << i << " rank " << s << " element " << k;
+          }
+    }
+  }
+}
+
+// log_level = trace: each step of an operation across nodes is logged with its timing.
+TEST_P(EngineTest, TraceLevelLogsEveryStepOfAnOperation) {
+  auto text = std::make_shared<std::ostringstream>();
+  auto logger = std::make_shared<spdlog::logger>("trace-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(*text));
+  logger->set_level(spdlog::level::trace);
+  auto before = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  constexpr std::uint64_t n = 64;
+  for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(desc(OpType::AllReduce, n), i, n * 4, n * 4), Clock::now());
+  auto done = drive();
+  spdlog::set_default_logger(before);
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(done[i].size(), 1u);
+  const std::string log = text->str();
+  for (const char* step : {"internode: allreduce #1 chunk at 0 phase 0 started", "phase 1 posted", "phase 2 posted", "done"})
+    EXPECT_NE(log.find(step), std::string::npos) << step << " not in:\n" << log;
+  EXPECT_NE(log.find(" us, +"), std::string::npos) << log;
 }
 
 TEST_P(EngineTest, AllGatherPlacesEveryBlock) {
