@@ -851,10 +851,20 @@ void Daemon::update_status(Clock::time_point now) {
              {"kernel_launches", gpu.value("kernel_launches", std::uint64_t{0})},  // the daemon's and the ranks'
              {"gpu", gpu},
              {"recent_bandwidth_gbps", recent_gbps_},
+             {"internode", internode_status()},
              {"stalls", std::move(stalls)},
              {"job_error", job_error_}};
   ++status_generation_;
   status_cv_.notify_all();
+}
+
+nlohmann::json Daemon::internode_status() const {
+  if (!engine_) return {{"enabled", false}};
+  return {{"enabled", true},
+          {"operations_in_flight", engine_->in_flight()},
+          // Buffers made for what other nodes send (kept for reuse, up to the arenas' bytes).
+          {"staging_buffers_made", engine_->staging_allocations()},
+          {"staging_bytes_kept", engine_->staging_cached_bytes()}};
 }
 
 nlohmann::json Daemon::gpu_status() const {

@@ -108,6 +108,7 @@ class Daemon {
   cuda::GpuExecutor* gpu();
   // Runs a device match: fills each member's daemon event, or returns an error.
   std::optional<std::string> run_device(const Match& m, std::vector<cuda::DoneMark>& done, std::uint64_t& bytes);
+  nlohmann::json internode_status() const;
   nlohmann::json gpu_status() const;
   // Enqueues deferred GPU work whose inputs became ready; true if any ran.
   bool gpu_progress();

@@ -222,6 +222,15 @@ std::string format_status_text(const json& status) {
       out << "  gpu:           off (" << gpu->value("why", std::string("?")) << ")\n";
     }
   }
+  if (const json* inter = field(status, "internode"); inter && inter->is_object() && inter->value("enabled", false)) {
+    out << "  across nodes:  " << text(*inter, "operations_in_flight") << " operations in flight; staging "
+        << text(*inter, "staging_buffers_made") << " buffers made, ";
+    if (auto kept = number(*inter, "staging_bytes_kept"))
+      out << format_bytes(*kept);
+    else
+      out << "-";
+    out << " kept for reuse\n";
+  }
   out << "  bytes moved:   ";
   if (auto b = number(status, "bytes_moved"))
     out << format_bytes(*b);
@@ -341,6 +350,17 @@ std::string format_prometheus(const std::vector<NodeStatus>& nodes) {
   scalar("smddp_bytes_moved_total", "counter", "Bytes the daemon moved for collectives.", from("bytes_moved"));
   scalar("smddp_kernel_launches_total", "counter", "GPU kernels the daemon launched.", from("kernel_launches"));
   scalar("smddp_recent_bandwidth_gbps", "gauge", "Recent collective bandwidth in GB/s.", from("recent_bandwidth_gbps"));
+  const auto internode = [](const char* key) {
+    return [key](const json& s) -> std::optional<double> {
+      const json* inter = field(s, "internode");
+      if (inter == nullptr || !inter->is_object()) return std::nullopt;
+      return number(*inter, key);
+    };
+  };
+  scalar("smddp_internode_operations_in_flight", "gauge", "Operations across nodes in flight on this node.",
+         internode("operations_in_flight"));
+  scalar("smddp_internode_staging_bytes_kept", "gauge",
+         "Bytes of staging buffers for operations across nodes kept for reuse.", internode("staging_bytes_kept"));
   scalar("smddp_ranks", "gauge", "Local ranks the daemon knows.", [](const json& s) -> std::optional<double> {
     if (field(s, "ranks") != nullptr) return static_cast<double>(array(s, "ranks").size());
     return number(s, "local_world_size");

@@ -91,6 +91,10 @@ class Engine {
   // operations that ended. `now` is the loop's clock.
   std::vector<Finished> progress(Clock::time_point now);
   bool busy() const noexcept { return !ops_.empty(); }
+  // For the operator (smddp-ctl status): operations in flight, and the staging pool's buffers.
+  std::size_t in_flight() const noexcept { return ops_.size(); }
+  std::size_t staging_allocations() const { return staging_.allocations(); }
+  std::size_t staging_cached_bytes() const { return staging_.cached_bytes(); }
   // Operations whose descriptors some node has not sent for `stall_after`, naming the ranks of
   // those nodes; `new_only`: each reported once (for the log).
   std::vector<StallInfo> stalls(Clock::time_point now, std::chrono::seconds stall_after, bool new_only);

@@ -171,6 +171,26 @@ TEST(Text, GpuBlockShowsOperationsAndPeerMappings) {
   EXPECT_TRUE(contains(format_status_text(s), "gpu:           off (no CUDA)"));
 }
 
+TEST(Text, AcrossNodesShowsOperationsInFlightAndStaging) {
+  auto s = full_status();
+  s["internode"] = json::parse(R"({"enabled":true,"operations_in_flight":3,"staging_buffers_made":12,
+    "staging_bytes_kept":6291456})");
+  const auto text = format_status_text(s);
+  EXPECT_TRUE(contains(text, "across nodes:  3 operations in flight; staging 12 buffers made, 6.0 MiB (6291456 B) kept for reuse"))
+      << text;
+  s["internode"] = json::parse(R"({"enabled":false})");  // one node: no line
+  EXPECT_FALSE(contains(format_status_text(s), "across nodes")) << format_status_text(s);
+  const std::string p = format_prometheus({{"j1", 0, [&] {
+                                              auto t = full_status();
+                                              t["internode"] = json::parse(
+                                                  R"({"enabled":true,"operations_in_flight":3,"staging_bytes_kept":4096})");
+                                              return t;
+                                            }()}});
+  EXPECT_EQ(prometheus_problems(p), std::vector<std::string>{}) << p;
+  EXPECT_TRUE(contains(p, "smddp_internode_operations_in_flight{job=\"j1\",node=\"0\"} 3\n")) << p;
+  EXPECT_TRUE(contains(p, "smddp_internode_staging_bytes_kept{job=\"j1\",node=\"0\"} 4096\n")) << p;
+}
+
 TEST(Text, RankTableColumnsLineUp) {
   json s = full_status();
   s["ranks"][1]["pid"] = 1234567;
