@@ -66,6 +66,14 @@ std::size_t arena_bytes(const ipc::Segment& segment, int ranks) {
   return n;
 }
 
+// Where the provider wants local buffers registered, the pool registers each staging buffer
+// once. The transport outlives the pool (Engine's member order) and every lease's registration
+// goes before its domain (staging_pool.hpp).
+StagingPool::Registrar staging_registrar(transport::Transport* t) {
+  if (!t->needs_registration()) return {};
+  return [t](void* base, std::size_t bytes) { return t->register_memory(base, bytes); };
+}
+
 // log_level = trace: one line per step of each operation across nodes, with microseconds since
 // the first such line and since the operation started (where an operation's time goes).
 void trace_step(const Op& op, const char* what, Clock::time_point now) {
@@ -94,7 +102,7 @@ void Engine::Ctx::send(int node_index, std::uint64_t sub, const void* buf, std::
   ++op_.outstanding;
   op_.bytes += bytes;
   auto keep = op_.shared_from_this();
-  e_.transport_->send(peer.transport_index, tag(e_.topo_.node_id, node, sub), buf, bytes, e_.region_for(buf, bytes),
+  e_.transport_->send(peer.transport_index, tag(e_.topo_.node_id, node, sub), buf, bytes, region_for(buf, bytes),
                       [keep](transport::Status st) {
                         --keep->outstanding;
                         if (!st.ok && keep->error.empty()) {
@@ -109,7 +117,7 @@ void Engine::Ctx::recv(int node_index, std::uint64_t sub, void* buf, std::size_t
   auto& peer = e_.peers_[static_cast<std::size_t>(node)];
   ++op_.outstanding;
   auto keep = op_.shared_from_this();
-  e_.transport_->recv(peer.transport_index, tag(node, e_.topo_.node_id, sub), buf, bytes, e_.region_for(buf, bytes),
+  e_.transport_->recv(peer.transport_index, tag(node, e_.topo_.node_id, sub), buf, bytes, region_for(buf, bytes),
                       [keep](transport::Status st) {
                         --keep->outstanding;
                         if (!st.ok && keep->error.empty()) {
@@ -127,6 +135,12 @@ std::byte* Engine::Ctx::in(int g) const {
 std::byte* Engine::Ctx::out(int g) const {
   const Posted& p = *op_.local[static_cast<std::size_t>(g)];
   return e_.segment_.arena(p.slot).data() + p.desc.output.offset;
+}
+
+const transport::MemoryRegion* Engine::Ctx::region_for(const void* buf, std::size_t bytes) const {
+  for (const auto& b : op_.buffers)
+    if (const auto* r = b.region(); r && r->contains(buf, bytes)) return r;
+  return e_.region_for(buf, bytes);
 }
 
 std::byte* Engine::Ctx::buffer(std::size_t bytes) {
@@ -172,7 +186,7 @@ Engine::Engine(Topology topo, std::unique_ptr<transport::Transport> transport,
       transport_(std::move(transport)),
       segment_(segment),
       pool_(pool),
-      staging_(arena_bytes(segment, topo_.nproc_per_node)),
+      staging_(arena_bytes(segment, topo_.nproc_per_node), staging_registrar(transport_.get())),
       options_(options),
       peers_(static_cast<std::size_t>(topo_.num_nodes)) {
   const auto now = Clock::now();

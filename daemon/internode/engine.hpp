@@ -95,6 +95,7 @@ class Engine {
   std::size_t in_flight() const noexcept { return ops_.size(); }
   std::size_t staging_allocations() const { return staging_.allocations(); }
   std::size_t staging_cached_bytes() const { return staging_.cached_bytes(); }
+  std::size_t staging_registration_failures() const { return staging_.registration_failures(); }
   // Operations whose descriptors some node has not sent for `stall_after`, naming the ranks of
   // those nodes; `new_only`: each reported once (for the log).
   std::vector<StallInfo> stalls(Clock::time_point now, std::chrono::seconds stall_after, bool new_only);
@@ -173,7 +174,8 @@ class Engine {
   const ipc::Segment& segment_;
   WorkerPool& pool_;
   // What operations receive before they reduce or scatter it, reused (staging_pool.hpp); it
-  // keeps at most as many bytes as the node's arenas hold.
+  // keeps at most as many bytes as the node's arenas hold, and registers each buffer once where
+  // the provider wants registered buffers. Declared after transport_, which it registers with.
   StagingPool staging_;
   Options options_;
   std::vector<Peer> peers_;  // indexed by node id

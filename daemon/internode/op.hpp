@@ -54,6 +54,8 @@ class Engine::Ctx {
 
   void send(int node_index, std::uint64_t sub, const void* buf, std::size_t bytes);
   void recv(int node_index, std::uint64_t sub, void* buf, std::size_t bytes);
+  // The registration covering `buf`: one of this op's staging buffers, a rank's arena, or none.
+  const transport::MemoryRegion* region_for(const void* buf, std::size_t bytes) const;
   std::byte* in(int g) const;   // member g's input in its arena (g must be local)
   std::byte* out(int g) const;  // member g's output in its arena (g must be local)
   bool is_local(int g) const { return op_.local[static_cast<std::size_t>(g)] != nullptr; }

@@ -3,6 +3,8 @@
 #include <bit>
 #include <new>
 
+#include <spdlog/spdlog.h>
+
 namespace smddp::daemon::internode {
 
 namespace {
@@ -15,16 +17,21 @@ struct StagingPool::Lease::Shared {
   std::size_t max_cached = 0;
   std::size_t cached = 0;
   std::size_t allocations = 0;
-  std::map<std::size_t, std::vector<Block>> free;  // by capacity
+  std::size_t registration_failures = 0;
+  std::map<std::size_t, std::vector<std::unique_ptr<Block>>> free;  // by capacity
 };
 
-StagingPool::StagingPool(std::size_t max_cached_bytes) : shared_(std::make_shared<Lease::Shared>()) {
+StagingPool::StagingPool(std::size_t max_cached_bytes, Registrar registrar)
+    : shared_(std::make_shared<Lease::Shared>()), registrar_(std::move(registrar)) {
   shared_->max_cached = max_cached_bytes;
 }
 
 StagingPool::~StagingPool() {
+  std::vector<std::unique_ptr<Lease::Block>> dropped;  // freed outside the lock
   std::lock_guard lk(shared_->mu);
   shared_->open = false;
+  for (auto& [capacity, blocks] : shared_->free)
+    for (auto& b : blocks) dropped.push_back(std::move(b));
   shared_->free.clear();
   shared_->cached = 0;
 }
@@ -35,16 +42,35 @@ StagingPool::Lease StagingPool::take(std::size_t bytes) {
     std::lock_guard lk(shared_->mu);
     auto it = shared_->free.find(capacity);
     if (it != shared_->free.end() && !it->second.empty()) {
-      Lease::Block b = std::move(it->second.back());
+      auto b = std::move(it->second.back());
       it->second.pop_back();
       shared_->cached -= capacity;
-      return Lease(shared_, std::move(b), capacity);
+      return Lease(shared_, std::move(b));
     }
     ++shared_->allocations;
   }
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(kPage, capacity));
-  if (p == nullptr) throw std::bad_alloc();
-  return Lease(shared_, Lease::Block(p), capacity);
+  auto block = std::make_unique<Lease::Block>();
+  block->data.reset(static_cast<std::byte*>(std::aligned_alloc(kPage, capacity)));
+  if (!block->data) throw std::bad_alloc();
+  block->capacity = capacity;
+  if (registrar_) {
+    try {
+      block->region = registrar_(block->data.get(), capacity);
+      block->registered = true;
+    } catch (const std::exception& e) {
+      // Still correct: the transport registers it per message, as any unregistered buffer.
+      std::size_t failures = 0;
+      {
+        std::lock_guard lk(shared_->mu);
+        failures = ++shared_->registration_failures;
+      }
+      if (failures == 1)
+        spdlog::warn("registering a staging buffer of {} bytes with the fabric failed ({}); such buffers are "
+                     "registered per message",
+                     capacity, e.what());
+    }
+  }
+  return Lease(shared_, std::move(block));
 }
 
 std::size_t StagingPool::cached_bytes() const {
@@ -57,20 +83,30 @@ std::size_t StagingPool::allocations() const {
   return shared_->allocations;
 }
 
+std::size_t StagingPool::registration_failures() const {
+  std::lock_guard lk(shared_->mu);
+  return shared_->registration_failures;
+}
+
 void StagingPool::Lease::give_back() noexcept {
-  if (!block_ || !pool_) return;
+  if (!block_ || !pool_) {
+    block_.reset();
+    pool_.reset();
+    return;
+  }
   {
     std::lock_guard lk(pool_->mu);
-    if (pool_->open && pool_->cached + capacity_ <= pool_->max_cached) {
+    if (pool_->open && pool_->cached + block_->capacity <= pool_->max_cached) {
+      const std::size_t capacity = block_->capacity;
       try {
-        pool_->free[capacity_].push_back(std::move(block_));
-        pool_->cached += capacity_;
+        pool_->free[capacity].push_back(std::move(block_));
+        pool_->cached += capacity;
       } catch (const std::bad_alloc&) {
         // The list could not grow: the buffer is freed below instead.
       }
     }
   }
-  block_.reset();
+  block_.reset();  // not kept: deregistered and freed here, outside the lock
   pool_.reset();
 }
 
@@ -79,7 +115,6 @@ StagingPool::Lease& StagingPool::Lease::operator=(Lease&& other) noexcept {
     give_back();
     pool_ = std::move(other.pool_);
     block_ = std::move(other.block_);
-    capacity_ = other.capacity_;
   }
   return *this;
 }

@@ -2,26 +2,35 @@
 
 #include <cstddef>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "daemon/transport/transport.hpp"
 
 namespace smddp::daemon::internode {
 
 // Staging buffers for operations across nodes (what a node receives before it reduces or
 // scatters it), kept for reuse. Fresh heap memory for every message made the fabric's copies
 // into it fault in each page, and glibc handed large freed blocks straight back to the kernel:
-// with the memory kept, 16-64 MiB allreduces across 2 simulated nodes ran 25-50% faster
+// with the memory kept, 16-64 MiB allreduces across 2 simulated nodes ran 1.3-1.8x faster
 // (README, across nodes).
 //
-// Buffers come in power-of-two sizes from 4 KiB, page-aligned. A lease returns its buffer when
-// it goes; the pool keeps returned buffers up to `max_cached_bytes` and frees the rest. Leases
-// may outlive the pool (an operation kept alive by a transport callback): they then free their
-// buffer themselves.
+// Buffers come in power-of-two sizes from 4 KiB, page-aligned. Where the provider wants local
+// buffers registered (efa), each buffer is registered once, when it is made, instead of for
+// every message. A lease returns its buffer when it goes; the pool keeps returned buffers up to
+// `max_cached_bytes` and frees the rest. Leases may outlive the pool (an operation kept alive by
+// a transport callback): they then free their buffer themselves. Their registrations must go
+// before the transport's domain does: the transport runs (or drops) every callback, and so
+// every operation's leases, before it closes its domain.
 class StagingPool {
  public:
-  explicit StagingPool(std::size_t max_cached_bytes);
+  // Registers a new buffer with the fabric (throws when it cannot).
+  using Registrar = std::function<transport::MemoryRegion(void*, std::size_t)>;
+  // No registrar: the buffers are not registered.
+  explicit StagingPool(std::size_t max_cached_bytes, Registrar registrar = {});
   ~StagingPool();
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
@@ -34,33 +43,43 @@ class StagingPool {
     ~Lease();
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
-    std::byte* get() const noexcept { return block_.get(); }
-    std::size_t capacity() const noexcept { return capacity_; }
+    std::byte* get() const noexcept { return block_ ? block_->data.get() : nullptr; }
+    std::size_t capacity() const noexcept { return block_ ? block_->capacity : 0; }
+    // The buffer's registration; null when the pool has no registrar or registering failed.
+    const transport::MemoryRegion* region() const noexcept {
+      return block_ && block_->registered ? &block_->region : nullptr;
+    }
 
    private:
     friend class StagingPool;
     struct Free {
       void operator()(std::byte* p) const noexcept { std::free(p); }
     };
-    using Block = std::unique_ptr<std::byte, Free>;
+    struct Block {
+      std::unique_ptr<std::byte, Free> data;
+      std::size_t capacity = 0;
+      transport::MemoryRegion region;  // declared after `data`: deregistered before it is freed
+      bool registered = false;
+    };
     struct Shared;
-    Lease(std::shared_ptr<Shared> pool, Block block, std::size_t capacity)
-        : pool_(std::move(pool)), block_(std::move(block)), capacity_(capacity) {}
+    Lease(std::shared_ptr<Shared> pool, std::unique_ptr<Block> block) : pool_(std::move(pool)), block_(std::move(block)) {}
     void give_back() noexcept;
     std::shared_ptr<Shared> pool_;
-    Block block_;
-    std::size_t capacity_ = 0;
+    std::unique_ptr<Block> block_;
   };
 
   // A buffer of at least `bytes` (at least one byte). Throws std::bad_alloc.
   Lease take(std::size_t bytes);
 
-  // For tests and the operator: bytes held in returned buffers, and buffers made so far.
+  // For tests and the operator: bytes held in returned buffers, buffers made so far, and how
+  // many of those could not be registered (they go registered per message instead).
   std::size_t cached_bytes() const;
   std::size_t allocations() const;
+  std::size_t registration_failures() const;
 
  private:
   std::shared_ptr<Lease::Shared> shared_;
+  Registrar registrar_;
 };
 
 }  // namespace smddp::daemon::internode

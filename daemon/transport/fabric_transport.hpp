@@ -77,6 +77,7 @@ class FabricTransport final : public Transport {
   std::vector<std::uint8_t> local_address() const override { return address_; }
   int add_peer(const std::vector<std::uint8_t>& address) override;
   MemoryRegion register_memory(void* base, std::size_t bytes) override;
+  bool needs_registration() const override;
   void send(int peer, std::uint64_t tag, const void* buf, std::size_t bytes,
             const MemoryRegion* region, Completion done) override;
   void recv(int peer, std::uint64_t tag, void* buf, std::size_t bytes,
@@ -136,7 +137,6 @@ class FabricTransport final : public Transport {
   void expire_timed_out();
   std::string describe_op(const Message& message, std::size_t chunk) const;
   std::size_t chunk_bytes(const Message& message, std::size_t chunk) const;
-  bool needs_registration() const;
 
   FiInfoPtr info_;
   // Declared in creation order; destroyed (fi_close) in reverse.

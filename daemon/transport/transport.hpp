@@ -105,6 +105,9 @@ class Transport {
   // Registers [base, base+bytes) with the provider. Passing the region to send/recv avoids a
   // per-operation registration on providers that need registered buffers (FI_MR_LOCAL).
   virtual MemoryRegion register_memory(void* base, std::size_t bytes) = 0;
+  // Whether the provider wants local buffers registered (FI_MR_LOCAL, as efa does): a buffer
+  // passed without a region is then registered for that one message.
+  virtual bool needs_registration() const { return false; }
 
   // Non-blocking tagged send/receive. `done` runs from progress() once the whole message has
   // completed (send: the buffer may be reused; recv: the data is in place) or failed. `region`

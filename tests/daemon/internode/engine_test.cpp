@@ -36,8 +36,12 @@ std::string unique_job() {
 }
 
 struct Node {
-  Node(int id, const std::string& job, const std::shared_ptr<transport::LoopbackFabric>& loopback)
-      : seg(ipc::Segment::create(spec(id, job))), pool(2), transport(open(loopback)) {
+  Node(int id, const std::string& job, const std::shared_ptr<transport::LoopbackFabric>& loopback,
+       std::shared_ptr<transport::LoopbackTransport::Registrations> registrations = nullptr)
+      : seg(ipc::Segment::create(spec(id, job))),
+        pool(2),
+        transport(registrations ? std::make_unique<transport::LoopbackTransport>(loopback, std::move(registrations))
+                                : open(loopback)) {
     comm.id = 0;
     for (int g = 0; g < 2 * kRanks; ++g) {
       comm.global_ranks.push_back(g);
@@ -375,6 +379,60 @@ TEST_P(EngineTest, AFailedNodeTellsTheOther) {
 }
 
 #ifdef SMDDP_HAVE_FABRIC
+// Where the provider wants registered buffers (efa), every staging buffer is registered once,
+// when the pool makes it: no data message goes unregistered (the transport would register it for
+// that one message), and operations after the first make no new registrations.
+TEST(EngineRegistration, StagingBuffersAreRegisteredOnceAndEveryDataMessageCarriesARegion) {
+  const auto job = unique_job();
+  auto loopback = std::make_shared<transport::LoopbackFabric>();
+  std::vector<std::shared_ptr<transport::LoopbackTransport::Registrations>> counts;
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    counts.push_back(std::make_shared<transport::LoopbackTransport::Registrations>());
+    nodes.push_back(std::make_unique<Node>(i, job, loopback, counts.back()));
+  }
+  Topology t;
+  t.num_nodes = 2;
+  t.nproc_per_node = kRanks;
+  t.nodes = {{::getpid(), "test-host"}, {::getpid(), "test-host"}};
+  std::vector<std::vector<std::uint8_t>> addresses;
+  for (auto& n : nodes) addresses.push_back(n->transport->local_address());
+  for (int i = 0; i < 2; ++i) {
+    t.node_id = i;
+    nodes[i]->engine = std::make_unique<Engine>(t, std::move(nodes[i]->transport), addresses, nodes[i]->seg,
+                                               nodes[i]->pool, Engine::Options{});
+  }
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(counts[i]->made, static_cast<std::size_t>(kRanks)) << "the arenas, once each";
+  constexpr std::uint64_t n = 20000;  // 80 KB per rank: shards far above a heartbeat's size
+  std::vector<std::size_t> after_first(2);
+  for (int round = 0; round < 6; ++round) {
+    for (int i = 0; i < 2; ++i)
+      for (int s = 0; s < kRanks; ++s)
+        for (std::uint64_t k = 0; k < n; ++k) nodes[i]->in(s)[k] = static_cast<float>(i * kRanks + s + round);
+    auto d = desc(round % 2 ? OpType::ReduceScatter : OpType::AllReduce, round % 2 ? n / 4 : n);
+    d.seq = static_cast<std::uint64_t>(round + 1);
+    for (int i = 0; i < 2; ++i)
+      nodes[i]->engine->start(nodes[i]->match(d, i, n * 4, (round % 2 ? n / 4 : n) * 4), Clock::now());
+    std::vector<std::size_t> finished(2);
+    const auto until = Clock::now() + std::chrono::seconds(20);
+    while ((finished[0] < 1 || finished[1] < 1) && Clock::now() < until)
+      for (int i = 0; i < 2; ++i)
+        for (auto& f : nodes[i]->engine->progress(Clock::now())) {
+          EXPECT_EQ(f.match.status, ipc::Status::Ok) << f.match.error;
+          ++finished[i];
+        }
+    ASSERT_EQ(finished, (std::vector<std::size_t>{1, 1})) << "round " << round;
+    if (round == 1)
+      for (int i = 0; i < 2; ++i) after_first[i] = counts[i]->made;
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_GT(counts[i]->made, static_cast<std::size_t>(kRanks)) << "staging buffers registered";
+    EXPECT_EQ(counts[i]->made, after_first[i]) << "rounds 3-6 reused the buffers of rounds 1-2";
+    EXPECT_LE(counts[i]->largest_without_region, sizeof(double) * 128) << "only heartbeats and notices go unregistered";
+    EXPECT_EQ(nodes[i]->engine->staging_registration_failures(), 0u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("loopback", "fabric"));
 #else
 INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("loopback"));

@@ -3,6 +3,7 @@
 // tests also run in the sanitizer builds.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -37,16 +38,36 @@ class LoopbackFabric : public std::enable_shared_from_this<LoopbackFabric> {
 class LoopbackTransport final : public Transport {
  public:
   explicit LoopbackTransport(std::shared_ptr<LoopbackFabric> f) : f_(std::move(f)), me_(f_->add_endpoint()) {}
+  // As a provider that wants local buffers registered (efa): registrations are counted, and so
+  // are messages whose buffer came without a region (the fabric transport would register those
+  // for the one message).
+  struct Registrations {
+    std::size_t made = 0;
+    std::size_t messages_without_region = 0;
+    std::size_t largest_without_region = 0;  // bytes
+  };
+  LoopbackTransport(std::shared_ptr<LoopbackFabric> f, std::shared_ptr<Registrations> counts)
+      : LoopbackTransport(std::move(f)) {
+    counts_ = std::move(counts);
+  }
+  bool needs_registration() const override { return counts_ != nullptr; }
   std::vector<std::uint8_t> local_address() const override { return {static_cast<std::uint8_t>(me_)}; }
   int add_peer(const std::vector<std::uint8_t>& a) override {
     peers_.push_back(a.at(0));
     return static_cast<int>(peers_.size()) - 1;
   }
-  MemoryRegion register_memory(void* base, std::size_t bytes) override { return MemoryRegion(base, bytes, nullptr); }
-  void send(int peer, std::uint64_t tag, const void* buf, std::size_t bytes, const MemoryRegion*, Completion done) override {
+  MemoryRegion register_memory(void* base, std::size_t bytes) override {
+    if (counts_) ++counts_->made;
+    return MemoryRegion(base, bytes, nullptr);
+  }
+  void send(int peer, std::uint64_t tag, const void* buf, std::size_t bytes, const MemoryRegion* region,
+            Completion done) override {
+    note(buf, bytes, region);
     f_->sends.push_back({me_, peers_.at(static_cast<std::size_t>(peer)), tag, buf, nullptr, bytes, std::move(done)});
   }
-  void recv(int peer, std::uint64_t tag, void* buf, std::size_t bytes, const MemoryRegion*, Completion done) override {
+  void recv(int peer, std::uint64_t tag, void* buf, std::size_t bytes, const MemoryRegion* region,
+            Completion done) override {
+    note(buf, bytes, region);
     f_->recvs[static_cast<std::size_t>(me_)].push_back(
         {peers_.at(static_cast<std::size_t>(peer)), me_, tag, nullptr, buf, bytes, std::move(done)});
   }
@@ -99,9 +120,18 @@ class LoopbackTransport final : public Transport {
   std::string describe() const override { return "loopback (tests)"; }
 
  private:
+  void note(const void* buf, std::size_t bytes, const MemoryRegion* region) {
+    if (region != nullptr && !region->contains(buf, bytes))
+      throw std::invalid_argument("loopback: buffer lies outside its memory region");
+    if (counts_ && region == nullptr && bytes != 0) {
+      ++counts_->messages_without_region;
+      counts_->largest_without_region = std::max(counts_->largest_without_region, bytes);
+    }
+  }
   std::shared_ptr<LoopbackFabric> f_;
   int me_;
   std::vector<int> peers_;
+  std::shared_ptr<Registrations> counts_;
 };
 
 }  // namespace smddp::daemon::transport

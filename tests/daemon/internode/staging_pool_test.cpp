@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -73,4 +74,38 @@ TEST(StagingPool, MovedLeasesReturnTheirBufferOnceAndALeaseMayOutliveItsPool) {
   EXPECT_EQ(pool->cached_bytes(), 8192u);
   pool.reset();  // c is still held: it frees its buffer itself (LeakSanitizer checks)
   std::memset(c.get(), 1, c.capacity());
+}
+
+TEST(StagingPool, WithARegistrarEachBufferIsRegisteredOnceWhenMade) {
+  std::vector<std::pair<void*, std::size_t>> registered;
+  StagingPool pool(1 << 20, [&](void* base, std::size_t bytes) {
+    registered.emplace_back(base, bytes);
+    return smddp::daemon::transport::MemoryRegion(base, bytes, nullptr);
+  });
+  std::byte* first = nullptr;
+  {
+    auto a = pool.take(5000);
+    first = a.get();
+    ASSERT_NE(a.region(), nullptr);
+    EXPECT_TRUE(a.region()->contains(a.get(), a.capacity()));
+    EXPECT_EQ(registered.size(), 1u);
+    EXPECT_EQ(registered[0].first, static_cast<void*>(a.get()));
+    EXPECT_EQ(registered[0].second, a.capacity());
+  }
+  auto again = pool.take(6000);  // reused: no new registration
+  EXPECT_EQ(again.get(), first);
+  ASSERT_NE(again.region(), nullptr);
+  EXPECT_EQ(registered.size(), 1u);
+  StagingPool plain(1 << 20);
+  EXPECT_EQ(plain.take(10).region(), nullptr);
+}
+
+TEST(StagingPool, ABufferThatCannotBeRegisteredIsStillHandedOutWithoutARegion) {
+  StagingPool pool(1 << 20, [](void*, std::size_t) -> smddp::daemon::transport::MemoryRegion {
+    throw std::runtime_error("fi_mr_reg failed: no memory");
+  });
+  auto a = pool.take(100);
+  ASSERT_NE(a.get(), nullptr);
+  EXPECT_EQ(a.region(), nullptr);
+  EXPECT_EQ(pool.registration_failures(), 1u);
 }
