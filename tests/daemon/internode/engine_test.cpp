@@ -92,6 +92,21 @@ struct Node {
   std::unique_ptr<Engine> engine;
 };
 
+// Gives each of the two nodes its engine, over the transports they were made with.
+void start_engines(std::vector<std::unique_ptr<Node>>& nodes) {
+  Topology t;
+  t.num_nodes = 2;
+  t.nproc_per_node = kRanks;
+  t.nodes = {{::getpid(), "test-host"}, {::getpid(), "test-host"}};
+  std::vector<std::vector<std::uint8_t>> addresses;
+  for (auto& n : nodes) addresses.push_back(n->transport->local_address());
+  for (int i = 0; i < 2; ++i) {
+    t.node_id = i;
+    nodes[i]->engine = std::make_unique<Engine>(t, std::move(nodes[i]->transport), addresses, nodes[i]->seg,
+                                               nodes[i]->pool, Engine::Options{});
+  }
+}
+
 // Parameter: "loopback" or "fabric".
 class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -99,17 +114,7 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     const auto job = unique_job();
     auto loopback = GetParam() == "loopback" ? std::make_shared<transport::LoopbackFabric>() : nullptr;
     for (int i = 0; i < 2; ++i) nodes.push_back(std::make_unique<Node>(i, job, loopback));
-    Topology t;
-    t.num_nodes = 2;
-    t.nproc_per_node = kRanks;
-    t.nodes = {{::getpid(), "test-host"}, {::getpid(), "test-host"}};
-    std::vector<std::vector<std::uint8_t>> addresses;
-    for (auto& n : nodes) addresses.push_back(n->transport->local_address());
-    for (int i = 0; i < 2; ++i) {
-      t.node_id = i;
-      nodes[i]->engine = std::make_unique<Engine>(t, std::move(nodes[i]->transport), addresses, nodes[i]->seg,
-                                                 nodes[i]->pool, Engine::Options{});
-    }
+    start_engines(nodes);
   }
   // Drives both engines until each has finished `want` operations.
   std::vector<std::vector<Finished>> drive(std::size_t want = 1) {
@@ -391,17 +396,7 @@ TEST(EngineRegistration, StagingBuffersAreRegisteredOnceAndEveryDataMessageCarri
     counts.push_back(std::make_shared<transport::LoopbackTransport::Registrations>());
     nodes.push_back(std::make_unique<Node>(i, job, loopback, counts.back()));
   }
-  Topology t;
-  t.num_nodes = 2;
-  t.nproc_per_node = kRanks;
-  t.nodes = {{::getpid(), "test-host"}, {::getpid(), "test-host"}};
-  std::vector<std::vector<std::uint8_t>> addresses;
-  for (auto& n : nodes) addresses.push_back(n->transport->local_address());
-  for (int i = 0; i < 2; ++i) {
-    t.node_id = i;
-    nodes[i]->engine = std::make_unique<Engine>(t, std::move(nodes[i]->transport), addresses, nodes[i]->seg,
-                                               nodes[i]->pool, Engine::Options{});
-  }
+  start_engines(nodes);
   for (int i = 0; i < 2; ++i) EXPECT_EQ(counts[i]->made, static_cast<std::size_t>(kRanks)) << "the arenas, once each";
   constexpr std::uint64_t n = 20000;  // 80 KB per rank: shards far above a heartbeat's size
   std::vector<std::size_t> after_first(2);
