@@ -11,6 +11,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/internode/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/staging_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/allreduce_rs_ag.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/eager.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/reduce_scatter.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/copies.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/alltoall.cpp)

@@ -453,7 +453,7 @@ void Engine::start(Match m, Clock::time_point now) {
     ++op->outstanding;
     const int node = op->nodes[static_cast<std::size_t>(j)];
     transport_->recv(peers_[static_cast<std::size_t>(node)].transport_index, c.tag(node, topo_.node_id, 0), buf, bytes,
-                     nullptr, [keep = op, j](transport::Status st) {
+                     c.region_for(buf, bytes), [keep = op, j](transport::Status st) {
                        --keep->outstanding;
                        if (st.ok) {
                          keep->heard[static_cast<std::size_t>(j)] = 1;
@@ -462,6 +462,16 @@ void Engine::start(Match m, Clock::time_point now) {
                          keep->error = st.error;
                        }
                      });
+  }
+  // Small operations send their data now too (eager.cpp): one exchange instead of two or three.
+  if (sends_eagerly(d, n, static_cast<int>(op->nodes.size()))) {
+    op->eager = true;
+    try {
+      if (d.op == OpType::AllReduce) allreduce_eager_step(c);
+      else allgather_eager_step(c);
+    } catch (const std::exception& e) {
+      c.fail(Status::Internal, std::string("internal error: ") + e.what());
+    }
   }
 }
 
@@ -519,8 +529,42 @@ bool same_signature(const ipc::RequestDesc& a, const ipc::RequestDesc& b) {
 
 }  // namespace
 
+bool Engine::judge(Op& op) {
+  // Scatter the received descriptors into group-rank order, then compare the signatures.
+  std::size_t buf = 1;  // buffers[0] is what we sent
+  const int n = op.size();
+  for (int j = 0; j < static_cast<int>(op.nodes.size()); ++j) {
+    if (j == op.me) continue;
+    const auto* recvd = reinterpret_cast<const ipc::RequestDesc*>(op.buffers[buf++].get());
+    for (int g = 0; g < n; ++g)
+      if (op.node_index_of_member(g, topo_) == j) std::memcpy(&op.descs[static_cast<std::size_t>(g)], recvd++, sizeof(ipc::RequestDesc));
+  }
+  bool agree = true;
+  for (int g = 1; g < n; ++g) agree = agree && same_signature(op.descs[0], op.descs[static_cast<std::size_t>(g)]);
+  if (agree) {
+    op.judged = true;
+    return true;
+  }
+  std::ostringstream s;
+  s << "collective mismatch on communicator " << op.comm->id << " (operation #" << op.descs[0].seq << "):";
+  for (int g = 0; g < n; ++g)
+    s << (g ? ", " : " ") << "rank " << op.comm->global_ranks[static_cast<std::size_t>(g)] << " called "
+      << describe_call(op.descs[static_cast<std::size_t>(g)]);
+  // Replaces what a data message reported: an eager op's data of another size fails to match.
+  op.status = Status::Mismatch;
+  op.error = s.str();
+  op.mismatch = true;
+  return false;
+}
+
 bool Engine::advance(Op& op, Clock::time_point now) {
   if (op.abandoned) return true;  // its callbacks keep the op (and its buffers) alive until they run
+  // The descriptors are judged as soon as they are in, before the op's other messages: an eager
+  // op's data travels beside them, and a node that called something else sends data of another
+  // size (the receive fails) or none at all (it never completes). The mismatch is the error.
+  if (!op.p2p && !op.judged && std::all_of(op.heard.begin(), op.heard.end(), [](char h) { return h != 0; }) &&
+      !judge(op))
+    return true;  // its callbacks keep the op (and its buffers) alive until they run
   if (op.outstanding > 0) {
     if (now >= op.deadline && op.error.empty()) {
       std::ostringstream s;
@@ -560,30 +604,6 @@ bool Engine::advance(Op& op, Clock::time_point now) {
     }
     return true;
   }
-  if (op.phase == 0) {
-    // Scatter the received descriptors into group-rank order, then judge the signatures.
-    std::size_t buf = 1;  // buffers[0] is what we sent
-    const int n = op.size();
-    for (int j = 0; j < static_cast<int>(op.nodes.size()); ++j) {
-      if (j == op.me) continue;
-      const auto* recvd = reinterpret_cast<const ipc::RequestDesc*>(op.buffers[buf++].get());
-      for (int g = 0; g < n; ++g)
-        if (op.node_index_of_member(g, topo_) == j) std::memcpy(&op.descs[static_cast<std::size_t>(g)], recvd++, sizeof(ipc::RequestDesc));
-    }
-    bool agree = true;
-    for (int g = 1; g < n; ++g) agree = agree && same_signature(op.descs[0], op.descs[static_cast<std::size_t>(g)]);
-    if (!agree) {
-      std::ostringstream s;
-      s << "collective mismatch on communicator " << op.comm->id << " (operation #" << op.descs[0].seq << "):";
-      for (int g = 0; g < n; ++g)
-        s << (g ? ", " : " ") << "rank " << op.comm->global_ranks[static_cast<std::size_t>(g)] << " called "
-          << describe_call(op.descs[static_cast<std::size_t>(g)]);
-      op.status = Status::Mismatch;
-      op.error = s.str();
-      op.mismatch = true;
-      return true;
-    }
-  }
   // Run algorithm steps until one posts messages or the op is done.
   for (;;) {
     ++op.phase;
@@ -591,10 +611,10 @@ bool Engine::advance(Op& op, Clock::time_point now) {
     try {
       switch (op.d0().op) {
         case OpType::AllReduce:
-        case OpType::Reduce: done = allreduce_step(c); break;
+        case OpType::Reduce: done = op.eager ? allreduce_eager_step(c) : allreduce_step(c); break;
         case OpType::ReduceScatter: done = reduce_scatter_step(c); break;
         case OpType::Broadcast: done = broadcast_step(c); break;
-        case OpType::AllGather: done = allgather_step(c); break;
+        case OpType::AllGather: done = op.eager ? allgather_eager_step(c) : allgather_step(c); break;
         case OpType::Gather:
         case OpType::Scatter: done = gather_scatter_step(c); break;
         case OpType::AllToAll: done = alltoall_step(c); break;

@@ -8,6 +8,8 @@
 //     the host arenas inside the node, an exchange among the daemons over the Transport,
 //     a step that writes the ranks' outputs. Each chunk of a pipelined operation is its own
 //     Engine operation, so chunk k's network transfer overlaps chunk k+1's local reduction.
+//     Small AllReduce and AllGather send their data beside the descriptors (eager.cpp): one
+//     exchange in all.
 // It also carries the daemons' heartbeats: a daemon that dies, or whose job fails, makes every
 // other daemon fail its job with a message naming the cause; and failure notices: an operation
 // that failed on one node before that node started any part of it (a refused request, a local
@@ -161,6 +163,9 @@ class Engine {
   void check_peers(Clock::time_point now);
   void peer_lost(int node, const std::string& why, int exit_code);
   bool advance(Op& op, Clock::time_point now);  // true when the op has ended
+  // Compares every member's descriptor once all arrived; false (and the op failed with the
+  // mismatch naming every call) when they disagree.
+  bool judge(Op& op);
   const transport::MemoryRegion* region_for(const void* buf, std::size_t bytes) const;
   Finished finish_op(Op& op);
   std::vector<int> unheard_ranks(const Op& op) const;

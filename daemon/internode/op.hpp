@@ -32,6 +32,9 @@ struct Op : std::enable_shared_from_this<Op> {
   Clock::time_point started;
   Clock::time_point deadline;
   std::vector<char> heard;               // node index -> its descriptors arrived (phase 0)
+  bool judged = false;                   // every node's descriptors arrived and agree
+  // Small AllReduce and AllGather: the data went out with the descriptors (eager.cpp).
+  bool eager = false;
   bool stall_reported = false;
   std::uint64_t key = 0;                 // hash of (comm, seq, chunk): the base of every tag
   std::uint64_t bytes = 0;
@@ -94,5 +97,13 @@ bool broadcast_step(Engine::Ctx& c);
 bool allgather_step(Engine::Ctx& c);
 bool gather_scatter_step(Engine::Ctx& c);  // Gather and Scatter
 bool alltoall_step(Engine::Ctx& c);
+
+// Small single-chunk operations send their data with their descriptors (phase 0) and finish in
+// phase 1: one exchange (eager.cpp). Each node decides from its own descriptor; nodes that
+// decide differently called different operations, which the descriptor check reports.
+constexpr std::uint64_t kEagerBytes = 64 << 10;  // what one node sends, in all
+bool sends_eagerly(const ipc::RequestDesc& d, int group_size, int nodes);
+bool allreduce_eager_step(Engine::Ctx& c);
+bool allgather_eager_step(Engine::Ctx& c);
 
 }  // namespace smddp::daemon::internode

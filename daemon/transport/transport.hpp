@@ -14,7 +14,9 @@
 //
 // Matching: a receive matches a send from the given peer with the same tag and the same size.
 // Messages with the same (peer, tag) match in the order they were posted. Both sides must
-// agree on the size: a size mismatch completes the receive with an error.
+// agree on the size: a size mismatch completes the receive with an error. Never let a message
+// meet a shorter receive: tcp;ofi_rxm (libfabric 1.17) truncates it and then loses the pair's
+// later messages. Where the sizes are not agreed first, put the size in the tag.
 #pragma once
 
 #include <chrono>

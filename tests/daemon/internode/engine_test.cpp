@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/internode/op.hpp"
 #include "tests/daemon/internode/loopback_transport.hpp"
 
 namespace smddp::daemon::internode {
@@ -206,15 +207,92 @@ TEST_P(EngineTest, TraceLevelLogsEveryStepOfAnOperation) {
   logger->set_level(spdlog::level::trace);
   auto before = spdlog::default_logger();
   spdlog::set_default_logger(logger);
-  constexpr std::uint64_t n = 64;
+  // Too large to send with the descriptors: the reduce-scatter, then the all-gather.
+  constexpr std::uint64_t n = 2 * kEagerBytes / 4;
   for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(desc(OpType::AllReduce, n), i, n * 4, n * 4), Clock::now());
   auto done = drive();
   spdlog::set_default_logger(before);
-  for (int i = 0; i < 2; ++i) ASSERT_EQ(done[i].size(), 1u);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(done[i].size(), 1u);
+    EXPECT_EQ(done[i][0].match.status, ipc::Status::Ok) << done[i][0].match.error;
+  }
   const std::string log = text->str();
   for (const char* step : {"internode: allreduce #1 chunk at 0 phase 0 started", "phase 1 posted", "phase 2 posted", "done"})
     EXPECT_NE(log.find(step), std::string::npos) << step << " not in:\n" << log;
   EXPECT_NE(log.find(" us, +"), std::string::npos) << log;
+}
+
+// Small AllReduce and AllGather send their data with their descriptors: one exchange, so no
+// step after the descriptors posts messages (the trace shows none), and the results are right.
+TEST_P(EngineTest, SmallOperationsSendTheirDataWithTheirDescriptors) {
+  auto text = std::make_shared<std::ostringstream>();
+  auto logger = std::make_shared<spdlog::logger>("eager-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(*text));
+  logger->set_level(spdlog::level::trace);
+  auto before = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  constexpr std::uint64_t n = kEagerBytes / 4 / (2 * kRanks);  // the largest AllGather that goes eagerly
+  for (int i = 0; i < 2; ++i)
+    for (int s = 0; s < kRanks; ++s)
+      for (std::uint64_t k = 0; k < n; ++k) nodes[i]->in(s)[k] = static_cast<float>(1000 * (i * kRanks + s) + k);
+  for (int i = 0; i < 2; ++i)
+    nodes[i]->engine->start(nodes[i]->match(desc(OpType::AllGather, n), i, n * 4, 2 * kRanks * n * 4), Clock::now());
+  auto gathered = drive();
+  auto sum = desc(OpType::AllReduce, n);
+  sum.seq = 2;
+  sum.reduce_op = ReduceOp::Avg;
+  for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(sum, i, n * 4, n * 4), Clock::now());
+  auto averaged = drive();
+  spdlog::set_default_logger(before);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(gathered[i].size(), 1u);
+    ASSERT_EQ(averaged[i].size(), 1u);
+    EXPECT_EQ(gathered[i][0].match.status, ipc::Status::Ok) << gathered[i][0].match.error;
+    EXPECT_EQ(averaged[i][0].match.status, ipc::Status::Ok) << averaged[i][0].match.error;
+    for (int s = 0; s < kRanks; ++s)
+      for (std::uint64_t k = 0; k < n; ++k)
+        ASSERT_EQ(nodes[i]->out(s)[k], static_cast<float>(1500 + k)) << "node " << i << " rank " << s << " element " << k;
+  }
+  const std::string log = text->str();
+  EXPECT_NE(log.find("allgather #1 chunk at 0 phase 1 done"), std::string::npos) << log;
+  EXPECT_NE(log.find("allreduce #2 chunk at 0 phase 1 done"), std::string::npos) << log;
+  EXPECT_EQ(log.find("posted"), std::string::npos) << "a step after the descriptors posted messages:\n" << log;
+}
+
+// A node that called something else sends data of another size with its descriptors, or none
+// at all (too large to go eagerly): every node still reports the mismatch naming every call,
+// not the data message that failed to match, nor a timeout.
+TEST_P(EngineTest, AMismatchWithDataSentEagerlyIsStillTheMismatch) {
+  struct Case {
+    ipc::RequestDesc on0, on1;
+    std::uint64_t out1;  // node 1's output elements
+    const char* call0;
+    const char* call1;
+  };
+  auto big = desc(OpType::AllReduce, 2 * kEagerBytes / 4);
+  const std::vector<Case> cases = {
+      {desc(OpType::AllReduce, 8), desc(OpType::AllReduce, 9), 9, "allreduce(float32, count=8", "allreduce(float32, count=9"},
+      {desc(OpType::AllReduce, 8), big, big.count, "allreduce(float32, count=8", "allreduce(float32, count=32768"},
+      {desc(OpType::AllReduce, 8), desc(OpType::AllGather, 8), 8 * 2 * kRanks, "allreduce(float32, count=8",
+       "allgather(float32, count=8"},
+  };
+  std::uint64_t seq = 1;
+  for (const auto& k : cases) {
+    auto on0 = k.on0, on1 = k.on1;
+    on0.seq = on1.seq = seq++;
+    on0.timeout_ms = on1.timeout_ms = 10000;
+    nodes[0]->engine->start(nodes[0]->match(on0, 0, on0.count * 4, on0.count * 4), Clock::now());
+    nodes[1]->engine->start(nodes[1]->match(on1, 1, on1.count * 4, k.out1 * 4), Clock::now());
+    auto done = drive();
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(done[i].size(), 1u) << k.call1;
+      EXPECT_EQ(done[i][0].match.status, ipc::Status::Mismatch) << done[i][0].match.error;
+      EXPECT_TRUE(done[i][0].mismatch);
+      EXPECT_NE(done[i][0].match.error.find(std::string("rank 0 called ") + k.call0), std::string::npos)
+          << done[i][0].match.error;
+      EXPECT_NE(done[i][0].match.error.find(std::string("rank 3 called ") + k.call1), std::string::npos)
+          << done[i][0].match.error;
+    }
+  }
 }
 
 TEST_P(EngineTest, AllGatherPlacesEveryBlock) {
