@@ -7,6 +7,8 @@
 // Phase 0 copies the ranks' inputs into staging buffers and receives only into staging buffers:
 // an operation that ends in phase 0 (a mismatch, another node's failure notice) may leave
 // messages posted, and those must never touch a rank's memory.
+#include <algorithm>
+
 #include "daemon/executor/host_reduce.hpp"
 #include "daemon/internode/op.hpp"
 
@@ -28,16 +30,22 @@ std::size_t mine(const Op& op) { return op.nodes.size(); }
 const ipc::RequestDesc& local_desc(const Op& op) { return op.match.posted.front().desc; }
 }  // namespace
 
-bool sends_eagerly(const ipc::RequestDesc& d, int group_size, int nodes) {
+bool sends_eagerly(Engine::Ctx& c) {
+  const Op& op = c.op();
+  const auto& d = local_desc(op);
   if (d.chunk_offset != 0 || d.chunk_count != d.count) return false;  // pipelined: large
-  const std::uint64_t e = ipc::dtype_size(d.dtype);
-  switch (d.op) {
-    // Each node sends its whole sum to each other node: what it sends, not the sum's size, is
-    // bounded (the reduce-scatter + all-gather sends 2(P-1)/P of it, this P-1 times).
-    case OpType::AllReduce: return d.count * e * static_cast<std::uint64_t>(nodes - 1) <= kEagerBytes;
-    case OpType::AllGather: return d.count * e * static_cast<std::uint64_t>(group_size) <= kEagerBytes;  // the output
-    default: return false;
+  const std::uint64_t e = ipc::dtype_size(d.dtype), P = op.nodes.size();
+  std::uint64_t message = 0;  // the largest data message any node sends
+  if (d.op == OpType::AllReduce) {
+    message = d.count * e;  // a node's sum
+  } else if (d.op == OpType::AllGather) {
+    std::vector<std::uint64_t> members(P, 0);
+    for (int g = 0; g < op.size(); ++g) ++members[static_cast<std::size_t>(c.node_index_of(g))];
+    message = *std::max_element(members.begin(), members.end()) * d.count * e;  // a node's blocks
+  } else {
+    return false;
   }
+  return message <= kEagerMessageBytes && message * (P - 1) <= kEagerBytes;
 }
 
 bool allreduce_eager_step(Engine::Ctx& c) {

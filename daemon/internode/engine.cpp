@@ -464,7 +464,7 @@ void Engine::start(Match m, Clock::time_point now) {
                      });
   }
   // Small operations send their data now too (eager.cpp): one exchange instead of two or three.
-  if (sends_eagerly(d, n, static_cast<int>(op->nodes.size()))) {
+  if (sends_eagerly(c)) {
     op->eager = true;
     try {
       if (d.op == OpType::AllReduce) allreduce_eager_step(c);

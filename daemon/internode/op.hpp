@@ -101,8 +101,12 @@ bool alltoall_step(Engine::Ctx& c);
 // Small single-chunk operations send their data with their descriptors (phase 0) and finish in
 // phase 1: one exchange (eager.cpp). Each node decides from its own descriptor; nodes that
 // decide differently called different operations, which the descriptor check reports.
+// Larger single messages leave the providers' eager protocols (tcp;ofi_rxm sends up to 16 KiB
+// eagerly, then a rendezvous: a 32 KiB AllReduce over tcp was 1.2x slower sent this way), and
+// one node sending much more than the two-step algorithms would costs more than a round trip.
+constexpr std::uint64_t kEagerMessageBytes = 16 << 10;
 constexpr std::uint64_t kEagerBytes = 64 << 10;  // what one node sends, in all
-bool sends_eagerly(const ipc::RequestDesc& d, int group_size, int nodes);
+bool sends_eagerly(Engine::Ctx& c);
 bool allreduce_eager_step(Engine::Ctx& c);
 bool allgather_eager_step(Engine::Ctx& c);
 

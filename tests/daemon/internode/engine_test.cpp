@@ -200,23 +200,38 @@ TEST_P(EngineTest, AllReducesInFlightTogetherAndOneAfterAnotherEachSumTheirOwnIn
   }
 }
 
+// Captures the log at trace level while alive (the default logger is restored however the test
+// leaves).
+class TraceCapture {
+ public:
+  TraceCapture()
+      : before_(spdlog::default_logger()),
+        logger_(std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text_))) {
+    logger_->set_level(spdlog::level::trace);
+    spdlog::set_default_logger(logger_);
+  }
+  ~TraceCapture() { spdlog::set_default_logger(before_); }
+  TraceCapture(const TraceCapture&) = delete;
+  TraceCapture& operator=(const TraceCapture&) = delete;
+  std::string text() const { return text_.str(); }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::logger> before_, logger_;
+};
+
 // log_level = trace: each step of an operation across nodes is logged with its timing.
 TEST_P(EngineTest, TraceLevelLogsEveryStepOfAnOperation) {
-  auto text = std::make_shared<std::ostringstream>();
-  auto logger = std::make_shared<spdlog::logger>("trace-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(*text));
-  logger->set_level(spdlog::level::trace);
-  auto before = spdlog::default_logger();
-  spdlog::set_default_logger(logger);
+  TraceCapture trace;
   // Too large to send with the descriptors: the reduce-scatter, then the all-gather.
   constexpr std::uint64_t n = 2 * kEagerBytes / 4;
   for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(desc(OpType::AllReduce, n), i, n * 4, n * 4), Clock::now());
   auto done = drive();
-  spdlog::set_default_logger(before);
   for (int i = 0; i < 2; ++i) {
     ASSERT_EQ(done[i].size(), 1u);
     EXPECT_EQ(done[i][0].match.status, ipc::Status::Ok) << done[i][0].match.error;
   }
-  const std::string log = text->str();
+  const std::string log = trace.text();
   for (const char* step : {"internode: allreduce #1 chunk at 0 phase 0 started", "phase 1 posted", "phase 2 posted", "done"})
     EXPECT_NE(log.find(step), std::string::npos) << step << " not in:\n" << log;
   EXPECT_NE(log.find(" us, +"), std::string::npos) << log;
@@ -224,38 +239,53 @@ TEST_P(EngineTest, TraceLevelLogsEveryStepOfAnOperation) {
 
 // Small AllReduce and AllGather send their data with their descriptors: one exchange, so no
 // step after the descriptors posts messages (the trace shows none), and the results are right.
+// A larger one takes the two steps.
 TEST_P(EngineTest, SmallOperationsSendTheirDataWithTheirDescriptors) {
-  auto text = std::make_shared<std::ostringstream>();
-  auto logger = std::make_shared<spdlog::logger>("eager-test", std::make_shared<spdlog::sinks::ostream_sink_mt>(*text));
-  logger->set_level(spdlog::level::trace);
-  auto before = spdlog::default_logger();
-  spdlog::set_default_logger(logger);
-  constexpr std::uint64_t n = kEagerBytes / 4 / (2 * kRanks);  // the largest AllGather that goes eagerly
+  TraceCapture trace;
+  constexpr std::uint64_t n = kEagerMessageBytes / 4 / kRanks;  // the largest AllGather that goes eagerly
   for (int i = 0; i < 2; ++i)
     for (int s = 0; s < kRanks; ++s)
       for (std::uint64_t k = 0; k < n; ++k) nodes[i]->in(s)[k] = static_cast<float>(1000 * (i * kRanks + s) + k);
   for (int i = 0; i < 2; ++i)
     nodes[i]->engine->start(nodes[i]->match(desc(OpType::AllGather, n), i, n * 4, 2 * kRanks * n * 4), Clock::now());
   auto gathered = drive();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(gathered[i].size(), 1u);
+    EXPECT_EQ(gathered[i][0].match.status, ipc::Status::Ok) << gathered[i][0].match.error;
+    for (int s = 0; s < kRanks; ++s)
+      for (int g = 0; g < 2 * kRanks; ++g)
+        for (std::uint64_t k = 0; k < n; ++k)
+          ASSERT_EQ(nodes[i]->out(s)[g * n + k], static_cast<float>(1000 * g + k)) << "node " << i << " rank " << s;
+  }
   auto sum = desc(OpType::AllReduce, n);
   sum.seq = 2;
   sum.reduce_op = ReduceOp::Avg;
   for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(sum, i, n * 4, n * 4), Clock::now());
   auto averaged = drive();
-  spdlog::set_default_logger(before);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_EQ(gathered[i].size(), 1u);
     ASSERT_EQ(averaged[i].size(), 1u);
-    EXPECT_EQ(gathered[i][0].match.status, ipc::Status::Ok) << gathered[i][0].match.error;
     EXPECT_EQ(averaged[i][0].match.status, ipc::Status::Ok) << averaged[i][0].match.error;
     for (int s = 0; s < kRanks; ++s)
       for (std::uint64_t k = 0; k < n; ++k)
         ASSERT_EQ(nodes[i]->out(s)[k], static_cast<float>(1500 + k)) << "node " << i << " rank " << s << " element " << k;
   }
-  const std::string log = text->str();
+  auto larger = desc(OpType::AllGather, n + 1);  // a node's blocks just over one eager message
+  larger.seq = 3;
+  for (int i = 0; i < 2; ++i)
+    nodes[i]->engine->start(nodes[i]->match(larger, i, (n + 1) * 4, 2 * kRanks * (n + 1) * 4), Clock::now());
+  auto two_step = drive();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(two_step[i].size(), 1u);
+    EXPECT_EQ(two_step[i][0].match.status, ipc::Status::Ok) << two_step[i][0].match.error;
+  }
+  const std::string log = trace.text();
   EXPECT_NE(log.find("allgather #1 chunk at 0 phase 1 done"), std::string::npos) << log;
   EXPECT_NE(log.find("allreduce #2 chunk at 0 phase 1 done"), std::string::npos) << log;
-  EXPECT_EQ(log.find("posted"), std::string::npos) << "a step after the descriptors posted messages:\n" << log;
+  const std::string first_posted = "allgather #3 chunk at 0 phase 1 posted";
+  const auto two_steps = log.find(first_posted);
+  ASSERT_NE(two_steps, std::string::npos) << log;
+  EXPECT_EQ(log.find("posted"), two_steps + first_posted.size() - 6)
+      << "a small operation posted messages after its descriptors:\n" << log;
 }
 
 // A node that called something else sends data of another size with its descriptors, or none
