@@ -94,7 +94,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
       break;
     }
     case OpType::ReduceScatter: {
-      pool_.parallel_for(n, [&](int r) {
+      pool_.parallel_for(n, cb * static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n), [&](int r) {
         std::vector<const void*> inputs(static_cast<std::size_t>(n));
         for (int q = 0; q < n; ++q)
           inputs[static_cast<std::size_t>(q)] = in(ps[static_cast<std::size_t>(q)]) + static_cast<std::uint64_t>(r) * cb;
@@ -105,12 +105,12 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
     }
     case OpType::Broadcast: {
       const std::byte* src = in(ps[static_cast<std::size_t>(root)]);
-      pool_.parallel_for(n, [&](int r) { move_bytes(out(ps[static_cast<std::size_t>(r)]), src, cb); });
+      pool_.parallel_for(n, cb * static_cast<std::uint64_t>(n), [&](int r) { move_bytes(out(ps[static_cast<std::size_t>(r)]), src, cb); });
       bytes = cb * static_cast<std::uint64_t>(n - 1);
       break;
     }
     case OpType::AllGather: {
-      pool_.parallel_for(n, [&](int r) {
+      pool_.parallel_for(n, cb * static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n), [&](int r) {
         for (int q = 0; q < n; ++q)
           move_bytes(out(ps[static_cast<std::size_t>(r)]) + static_cast<std::uint64_t>(q) * cb, in(ps[static_cast<std::size_t>(q)]), cb);
       });
@@ -119,7 +119,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
     }
     case OpType::Gather: {
       std::byte* dst = out(ps[static_cast<std::size_t>(root)]);
-      pool_.parallel_for(n, [&](int q) {
+      pool_.parallel_for(n, cb * static_cast<std::uint64_t>(n), [&](int q) {
         move_bytes(dst + static_cast<std::uint64_t>(q) * cb, in(ps[static_cast<std::size_t>(q)]), cb);
       });
       bytes = cb * static_cast<std::uint64_t>(n);
@@ -127,7 +127,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
     }
     case OpType::Scatter: {
       const std::byte* src = in(ps[static_cast<std::size_t>(root)]);
-      pool_.parallel_for(n, [&](int r) {
+      pool_.parallel_for(n, cb * static_cast<std::uint64_t>(n), [&](int r) {
         move_bytes(out(ps[static_cast<std::size_t>(r)]), src + static_cast<std::uint64_t>(r) * cb, cb);
       });
       bytes = cb * static_cast<std::uint64_t>(n);
@@ -135,7 +135,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
     }
     case OpType::AllToAll: {
       if (!(d0.flags & ipc::kFlagSplits)) {
-        pool_.parallel_for(n, [&](int r) {
+        pool_.parallel_for(n, cb * static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(n), [&](int r) {
           for (int q = 0; q < n; ++q)
             move_bytes(out(ps[static_cast<std::size_t>(r)]) + static_cast<std::uint64_t>(q) * cb,
                  in(ps[static_cast<std::size_t>(q)]) + static_cast<std::uint64_t>(r) * cb, cb);
@@ -153,7 +153,9 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
         out_bytes.push_back(p.desc.output.bytes);
       }
       if (auto bad = check_split_tables(tab, e, in_bytes, out_bytes)) return *bad;
-      pool_.parallel_for(n, [&](int r) {
+      std::uint64_t moved = 0;
+      for (const auto b : out_bytes) moved += b;
+      pool_.parallel_for(n, moved, [&](int r) {
         const auto ur = static_cast<std::size_t>(r);
         for (std::size_t q = 0; q < un; ++q)
           move_bytes(out(ps[ur]) + recv_offset(tab, ur, q) * e, in(ps[q]) + send_offset(tab, q, ur) * e,

@@ -64,4 +64,12 @@ void WorkerPool::parallel_for(int tasks, const std::function<void(int)>& fn) {
   fn_ = nullptr;
 }
 
+void WorkerPool::parallel_for(int tasks, std::uint64_t bytes, const std::function<void(int)>& fn) {
+  if (bytes < kInlineBytes) {
+    for (int i = 0; i < tasks; ++i) fn(i);
+    return;
+  }
+  parallel_for(tasks, fn);
+}
+
 }  // namespace smddp::daemon

@@ -21,6 +21,10 @@ class WorkerPool {
 
   int parallelism() const noexcept { return static_cast<int>(threads_.size()) + 1; }
   void parallel_for(int tasks, const std::function<void(int)>& fn);
+  // As above for loops that move `bytes` in all: below kInlineBytes on the caller alone, since
+  // waking the workers and waiting for them costs 10-20 us, about what moving that much takes.
+  static constexpr std::uint64_t kInlineBytes = 128 << 10;
+  void parallel_for(int tasks, std::uint64_t bytes, const std::function<void(int)>& fn);
 
  private:
   void worker();

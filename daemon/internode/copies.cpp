@@ -51,7 +51,9 @@ bool allgather_step(Engine::Ctx& c) {
   // Local blocks after the sends completed: an in-place input may sit inside an output.
   for (int g = 0; g < n; ++g)
     if (c.is_local(g)) c.copy(c.out(first) + static_cast<std::uint64_t>(g) * cb, c.in(g), cb);
-  c.pool().parallel_for(n, [&](int r) {
+  int others = 0;
+  for (int r = 0; r < n; ++r) others += r != first && c.is_local(r);
+  c.pool().parallel_for(n, static_cast<std::uint64_t>(others) * static_cast<std::uint64_t>(n) * cb, [&](int r) {
     if (r != first && c.is_local(r)) c.copy(c.out(r), c.out(first), static_cast<std::uint64_t>(n) * cb);
   });
   return true;

@@ -117,6 +117,32 @@ TEST(WorkerPool, UsesMoreThanOneThreadWhenTasksBlockUntilOthersRun) {
   EXPECT_EQ(ids.size(), 2u);
 }
 
+// Small loops run on the caller alone, in order (waking the workers would cost more than the
+// work); loops moving kInlineBytes or more are shared as before.
+TEST(WorkerPool, LoopsMovingLittleRunOnTheCaller) {
+  WorkerPool pool(4);
+  const auto caller = std::this_thread::get_id();
+  std::vector<int> order;
+  pool.parallel_for(8, WorkerPool::kInlineBytes - 1, [&](int i) {
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    order.push_back(i);
+  });
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  // Two tasks that each wait for the other finish only when two threads run them.
+  std::atomic<int> arrived{0};
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  pool.parallel_for(2, WorkerPool::kInlineBytes, [&](int) {
+    {
+      std::lock_guard lk(mu);
+      ids.insert(std::this_thread::get_id());
+    }
+    arrived.fetch_add(1);
+    while (arrived.load() < 2) std::this_thread::yield();
+  });
+  EXPECT_EQ(ids.size(), 2u);
+}
+
 TEST(WorkerPool, DestroysCleanlyRightAfterConstruction) {
   for (int i = 0; i < 20; ++i) {
     WorkerPool pool(4);
