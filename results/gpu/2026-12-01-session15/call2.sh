@@ -1,0 +1,34 @@
+#!/bin/bash
+# Session 15 call 2 (one H200 host, 16 cores): the session's daemon (8448650, "new": small
+# operations across nodes in one exchange, at most 16 KiB a message; small copy loops on the
+# progress thread) against the session start's (80b9b58, "old", from devtmp/old). The GPU suites
+# that one GPU can run on the new code first (the arena copier; every collective and dtype with
+# CUDA tensors across 2 simulated nodes), then host-tensor latency inside one node (2 ranks) and
+# across 2 simulated nodes (shm and tcp), three rounds each, alternating.
+set -u
+export PATH=/opt/torch/.venv/bin:$PATH
+OUT=$OUT/check scripts/device-check.sh --quick --no-bench --skip gpu_collectives,gpu_training,latency_probe,gpu_capture \
+  > $OUT/check.log 2>&1; echo "device-check rc=$?"
+bn=$PWD/build-device
+cmake --build $bn -j16 --target smddp-bench > /tmp/build_bench.log 2>&1 || { echo "bench build failed"; tail -20 /tmp/build_bench.log; exit 1; }
+(cmake -S devtmp/old -B build-old -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo > /tmp/cfg_old.log 2>&1 && \
+ cmake --build build-old -j16 --target smddp-daemon > /tmp/build_old.log 2>&1) || { echo "old build failed"; tail -20 /tmp/build_old.log; exit 1; }
+daemon() { [ $1 = old ] && echo $PWD/build-old/bin/smddp-daemon || echo $bn/bin/smddp-daemon; }
+order() { [ $1 = 2 ] && echo "new old" || echo "old new"; }
+innode() {  # variant op
+  echo "== $1 innode $2"
+  timeout 120 $bn/bin/smddprun --daemon $(daemon $1) --nproc-per-node 2 --config configs/local.ini \
+    -- $bn/bin/smddp-bench -o $2 -b 8 -e 256K -f 8 -n 1000 -w 100 -c 1 2>&1 | grep -E "^ +[0-9]+ |rror"
+}
+for r in 1 2 3; do for o in allgather reducescatter alltoall broadcast; do for v in $(order $r); do innode $v $o; done; done; done \
+  > $OUT/innode_small.log 2>&1
+across() {  # variant provider op
+  echo "== $1 $2 $3"
+  timeout 120 $bn/bin/smddprun --daemon $(daemon $1) --simulate-nodes 2 --nproc-per-node 1 --config configs/local.ini \
+    --set "fabric.provider=$2" -- $bn/bin/smddp-bench -o $3 -b 8 -e 256K -f 8 -n 1000 -w 100 -c 1 2>&1 | grep -E "^ +[0-9]+ |rror"
+}
+for r in 1 2 3; do for p in shm "tcp;ofi_rxm"; do for o in allreduce allgather; do for v in $(order $r); do across $v "$p" $o; done; done; done; done \
+  > $OUT/across_small.log 2>&1
+cat $OUT/check/summary.json; grep -E "passed|failed" $OUT/check/gpu_multinode.log | tail -2
+for f in innode_small across_small; do echo "#### $f"; cat $OUT/$f.log; done | gzip > $OUT/small.log.gz
+rm -f $OUT/check/CMakeCache.txt $OUT/check/configure.log
