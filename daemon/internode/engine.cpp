@@ -291,10 +291,12 @@ bool Engine::note_failure(const OpKey& key, Status status, const std::string& er
     failed_.erase(failed_order_.front());
     failed_order_.pop_front();
   }
-  // Its parts waiting here wait for the failed node's descriptors, which never come: it started
-  // none. Only the descriptor exchange (phase 0) touches the ops' own buffers, never the ranks'.
+  // Its parts waiting here wait for descriptors that never come. Until an op receives into a
+  // rank's memory (a collective's later phases, a recv whose sender's descriptor matched), its
+  // receives land in its own buffers only: ending it leaves nothing that could write a rank's
+  // memory later.
   for (auto& op : ops_) {
-    if (op->phase != 0 || !op->error.empty() || op->of != key) continue;
+    if (op->phase != 0 || op->into_ranks || !op->error.empty() || op->of != key) continue;
     op->status = status;
     op->error = error;
     op->abandoned = true;
@@ -320,21 +322,23 @@ bool Engine::announce_op_failure(const Communicator& comm, const OpFailure& f) {
   std::sort(nodes.begin(), nodes.end());
   nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
   bool told = false;
-  for (int n : nodes) {
-    auto& peer = peers_[static_cast<std::size_t>(n)];
-    if (n == topo_.node_id || peer.state != PeerState::Alive || !process_there(n)) continue;
-    auto notice = std::make_shared<FailureNotice>();
-    notice->status = static_cast<std::uint32_t>(f.status);
-    notice->src = f.src;
-    notice->dst = f.dst;
-    notice->comm = f.comm;
-    notice->seq = f.seq;
-    std::strncpy(notice->error, f.error.c_str(), sizeof notice->error - 1);
-    transport_->send(peer.transport_index, kFailureTag, notice.get(), sizeof(FailureNotice), nullptr,
-                     [notice](transport::Status) {});
-    told = true;
-  }
+  for (int n : nodes) told = send_notice(n, f) || told;
   return told;
+}
+
+bool Engine::send_notice(int node, const OpFailure& f) {
+  auto& peer = peers_[static_cast<std::size_t>(node)];
+  if (node == topo_.node_id || peer.state != PeerState::Alive || !process_there(node)) return false;
+  auto notice = std::make_shared<FailureNotice>();
+  notice->status = static_cast<std::uint32_t>(f.status);
+  notice->src = f.src;
+  notice->dst = f.dst;
+  notice->comm = f.comm;
+  notice->seq = f.seq;
+  std::strncpy(notice->error, f.error.c_str(), sizeof notice->error - 1);
+  transport_->send(peer.transport_index, kFailureTag, notice.get(), sizeof(FailureNotice), nullptr,
+                   [notice](transport::Status) {});
+  return true;
 }
 
 std::vector<Engine::OpFailure> Engine::take_op_failures() { return std::exchange(told_, {}); }
@@ -505,8 +509,9 @@ void Engine::start_p2p(const Communicator& comm, const Posted& p, Clock::time_po
     c.send(other, 0, hdr, sizeof d);
     c.send(other, 1, c.in(p.group_rank), bytes);
   } else {
+    // The data's receive waits for the descriptor (advance): it is then posted at the size sent,
+    // never shorter (tcp;ofi_rxm loses a pair's later messages after a truncated receive).
     c.recv(other, 0, c.buffer(sizeof d), sizeof d);
-    c.recv(other, 1, c.out(p.group_rank), bytes);
   }
 }
 
@@ -587,23 +592,7 @@ bool Engine::advance(Op& op, Clock::time_point now) {
   }
   if (!op.error.empty()) return true;
   Ctx c(*this, op);
-  if (op.p2p) {
-    const auto& mine = op.match.posted.front().desc;
-    if (mine.op == OpType::Recv) {
-      ipc::RequestDesc s;
-      std::memcpy(&s, op.buffers.front().get(), sizeof s);
-      if (s.dtype != mine.dtype || s.count != mine.count || s.chunk_offset != mine.chunk_offset ||
-          s.chunk_count != mine.chunk_count || s.tag != mine.tag) {
-        op.status = Status::Mismatch;
-        op.error = "send/recv mismatch on communicator " + std::to_string(mine.comm_id) + ": rank " +
-                   std::to_string(op.comm->global_ranks[static_cast<std::size_t>(mine.root)]) + " called " +
-                   describe_call(s) + ", rank " +
-                   std::to_string(op.comm->global_ranks[static_cast<std::size_t>(op.match.posted.front().group_rank)]) +
-                   " called " + describe_call(mine);
-      }
-    }
-    return true;
-  }
+  if (op.p2p) return op.match.posted.front().desc.op == OpType::Send || op.judged || receive_as_sent(op);
   // Run algorithm steps until one posts messages or the op is done.
   for (;;) {
     ++op.phase;
@@ -634,6 +623,34 @@ bool Engine::advance(Op& op, Clock::time_point now) {
       return false;
     }
   }
+}
+
+bool Engine::receive_as_sent(Op& op) {
+  Ctx c(*this, op);
+  const auto& mine = op.match.posted.front().desc;
+  ipc::RequestDesc s;
+  std::memcpy(&s, op.buffers.front().get(), sizeof s);
+  op.judged = true;
+  const std::size_t sent = s.chunk_count * ipc::dtype_size(s.dtype);
+  const int g = op.match.posted.front().group_rank;
+  if (s.dtype == mine.dtype && s.count == mine.count && s.chunk_offset == mine.chunk_offset &&
+      s.chunk_count == mine.chunk_count && s.tag == mine.tag) {
+    op.into_ranks = true;
+    c.recv(1 - op.me, 1, c.out(g), sent);
+    return false;
+  }
+  // Take the data as sent, so that the sender's message completes and meets no shorter receive,
+  // then fail the pair here, every chunk of it, and on the sender's node.
+  c.recv(1 - op.me, 1, c.buffer(sent), sent);
+  op.status = Status::Mismatch;
+  op.error = "send/recv mismatch on communicator " + std::to_string(mine.comm_id) + ": rank " +
+             std::to_string(op.comm->global_ranks[static_cast<std::size_t>(mine.root)]) + " called " + describe_call(s) +
+             ", rank " + std::to_string(op.comm->global_ranks[static_cast<std::size_t>(g)]) + " called " +
+             describe_call(mine);
+  const auto& [comm, seq, src, dst] = op.of;
+  const OpFailure f{comm, seq, src, dst, Status::Mismatch, op.error};
+  if (note_failure(op.of, f.status, f.error)) send_notice(op.nodes[static_cast<std::size_t>(1 - op.me)], f);
+  return true;  // the drain's callback keeps the op (and its buffer) alive until it runs
 }
 
 std::vector<int> Engine::unheard_ranks(const Op& op) const {

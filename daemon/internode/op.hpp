@@ -32,7 +32,8 @@ struct Op : std::enable_shared_from_this<Op> {
   Clock::time_point started;
   Clock::time_point deadline;
   std::vector<char> heard;               // node index -> its descriptors arrived (phase 0)
-  bool judged = false;                   // every node's descriptors arrived and agree
+  bool judged = false;                   // every node's descriptors arrived and agree (a recv: the sender's arrived)
+  bool into_ranks = false;               // a recv's data receive into the rank's output is posted
   // Small AllReduce and AllGather: the data went out with the descriptors (eager.cpp).
   bool eager = false;
   bool stall_reported = false;

@@ -442,6 +442,95 @@ TEST_P(EngineTest, AFailureOfAnOperationThisNodeStartedIsNotAnnounced) {
 }
 
 // A send/recv: the failure names the pair, and only that pair's operation ends.
+// A send longer or shorter than its receive: the receiver reports the pair's calls, the sender
+// finishes, and the two nodes' later messages still arrive (tcp;ofi_rxm loses a pair's later
+// messages after a truncated receive, heartbeats included: a peer then looks dead).
+TEST_P(EngineTest, ASendRecvSizeMismatchFailsThePairAndLaterMessagesStillArrive) {
+  std::uint64_t seq = 1;
+  for (const std::uint64_t sent : {16u, 4u}) {  // elements; the receive wants 8
+    auto send = desc(OpType::Send, sent);
+    send.seq = seq;
+    send.root = 2;  // to group rank 2, on node 1
+    send.timeout_ms = 5000;
+    Posted s;
+    s.slot = 0;
+    s.group_rank = 0;
+    s.desc = send;
+    s.desc.input = {ipc::BufferKind::Arena, {}, 0, sent * 4};
+    auto recv = desc(OpType::Recv, 8);
+    recv.seq = seq++;
+    recv.root = 0;
+    recv.timeout_ms = 5000;
+    Posted r;
+    r.slot = 0;
+    r.group_rank = 2;
+    r.desc = recv;
+    r.desc.output = {ipc::BufferKind::Arena, {}, kOut, 32};
+    nodes[0]->engine->start_p2p(nodes[0]->comm, s, Clock::now());
+    nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
+    auto done = drive();
+    ASSERT_EQ(done[0].size(), 1u) << "the send finishes";
+    ASSERT_EQ(done[1].size(), 1u);
+    EXPECT_EQ(done[1][0].match.status, ipc::Status::Mismatch) << done[1][0].match.error;
+    EXPECT_NE(done[1][0].match.error.find("rank 0 called send(float32, count=" + std::to_string(sent)), std::string::npos)
+        << done[1][0].match.error;
+  }
+  {  // A receive in two chunks of 8 against a send of 8: the chunk no send will ever match fails
+     // with the mismatch at once, not at its timeout.
+    auto send = desc(OpType::Send, 8);
+    send.seq = seq;
+    send.root = 2;
+    send.timeout_ms = 5000;
+    Posted s;
+    s.slot = 0;
+    s.group_rank = 0;
+    s.desc = send;
+    s.desc.input = {ipc::BufferKind::Arena, {}, 0, 32};
+    nodes[0]->engine->start_p2p(nodes[0]->comm, s, Clock::now());
+    for (std::uint64_t chunk = 0; chunk < 2; ++chunk) {
+      auto recv = desc(OpType::Recv, 16);
+      recv.seq = seq;
+      recv.root = 0;
+      recv.timeout_ms = 5000;
+      recv.chunk_count = 8;
+      recv.chunk_offset = 8 * chunk;
+      Posted r;
+      r.slot = 0;
+      r.group_rank = 2;
+      r.desc = recv;
+      r.desc.output = {ipc::BufferKind::Arena, {}, kOut + 32 * chunk, 32};
+      nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
+    }
+    ++seq;
+    const auto start = Clock::now();
+    std::vector<std::vector<Finished>> done(2);
+    while ((done[0].empty() || done[1].size() < 2) && Clock::now() - start < std::chrono::seconds(20))
+      for (int i = 0; i < 2; ++i)
+        for (auto& f : nodes[i]->engine->progress(Clock::now())) done[i].push_back(std::move(f));
+    ASSERT_EQ(done[1].size(), 2u);
+    for (const auto& f : done[1]) {
+      EXPECT_EQ(f.match.status, ipc::Status::Mismatch) << f.match.error;
+      EXPECT_NE(f.match.error.find("rank 0 called send(float32, count=8"), std::string::npos) << f.match.error;
+    }
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(4)) << "a chunk waited for its timeout";
+  }
+  // Both ways, large enough to leave the providers' eager protocols.
+  constexpr std::uint64_t n = 2 * kEagerBytes / 4;
+  for (int i = 0; i < 2; ++i)
+    for (int r = 0; r < kRanks; ++r)
+      for (std::uint64_t k = 0; k < n; ++k) nodes[i]->in(r)[k] = 1.0f;
+  auto d = desc(OpType::AllReduce, n);
+  d.seq = seq;
+  d.timeout_ms = 5000;
+  for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(d, i, n * 4, n * 4), Clock::now());
+  auto done = drive();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(done[i].size(), 1u);
+    EXPECT_EQ(done[i][0].match.status, ipc::Status::Ok) << done[i][0].match.error;
+    EXPECT_EQ(nodes[i]->out(0)[n - 1], 4.0f);
+  }
+}
+
 TEST_P(EngineTest, ASendThatFailedOnItsNodeFailsTheReceiverOnTheOther) {
   auto recv = desc(OpType::Recv, 8);
   recv.root = 0;  // from group rank 0, on node 0
