@@ -17,11 +17,6 @@ namespace smddp::daemon::internode {
 using ipc::OpType;
 
 namespace {
-// A data message's tag names its size (the descriptors' sub is 0). A node that called another
-// size sends under another tag, so its message never matches a receive of ours: a longer message
-// would be truncated, and tcp;ofi_rxm (libfabric 1.17) loses the pair's later messages after a
-// truncation. The unmatched messages stay with the provider; the descriptors report the mismatch.
-std::uint64_t data_sub(std::uint64_t bytes) { return bytes << 1 | 1; }
 // buffers[0, P) hold the descriptors; this node's data follows, then each other node's, in
 // node order.
 std::size_t mine(const Op& op) { return op.nodes.size(); }

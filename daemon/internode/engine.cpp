@@ -507,11 +507,32 @@ void Engine::start_p2p(const Communicator& comm, const Posted& p, Clock::time_po
     std::byte* hdr = c.buffer(sizeof d);
     std::memcpy(hdr, &d, sizeof d);
     c.send(other, 0, hdr, sizeof d);
-    c.send(other, 1, c.in(p.group_rank), bytes);
-  } else {
-    // The data's receive waits for the descriptor (advance): it is then posted at the size sent,
-    // never shorter (tcp;ofi_rxm loses a pair's later messages after a truncated receive).
-    c.recv(other, 0, c.buffer(sizeof d), sizeof d);
+    c.send(other, data_sub(bytes), c.in(p.group_rank), bytes);
+    return;
+  }
+  // The descriptor, judged as it arrives (advance). The data's receive goes straight into the
+  // output only once the descriptor agrees (judge_recv): the data then surely comes, where an
+  // op ended by a mismatch or a failure notice must leave no receive that could write a rank's
+  // memory later. Small data is received at once into staging and copied (no wait for the
+  // descriptor's round through the loop). The data's tag names its size.
+  op->heard.assign(2, 0);
+  op->heard[static_cast<std::size_t>(op->me)] = 1;
+  std::byte* hdr = c.buffer(sizeof d);
+  ++op->outstanding;
+  const int node = op->nodes[static_cast<std::size_t>(other)];
+  transport_->recv(peers_[static_cast<std::size_t>(node)].transport_index, c.tag(node, topo_.node_id, 0), hdr, sizeof d,
+                   c.region_for(hdr, sizeof d), [keep = op, other](transport::Status st) {
+                     --keep->outstanding;
+                     if (st.ok) {
+                       keep->heard[static_cast<std::size_t>(other)] = 1;
+                     } else if (keep->error.empty()) {
+                       keep->status = Status::PeerFailed;
+                       keep->error = st.error;
+                     }
+                   });
+  if (bytes <= kEagerMessageBytes) {
+    op->eager = true;
+    c.recv(other, data_sub(bytes), c.buffer(bytes), bytes);
   }
 }
 
@@ -567,8 +588,8 @@ bool Engine::advance(Op& op, Clock::time_point now) {
   // The descriptors are judged as soon as they are in, before the op's other messages: an eager
   // op's data travels beside them, and a node that called something else sends data of another
   // size (the receive fails) or none at all (it never completes). The mismatch is the error.
-  if (!op.p2p && !op.judged && std::all_of(op.heard.begin(), op.heard.end(), [](char h) { return h != 0; }) &&
-      !judge(op))
+  if (!op.judged && !op.heard.empty() && std::all_of(op.heard.begin(), op.heard.end(), [](char h) { return h != 0; }) &&
+      !(op.p2p ? judge_recv(op) : judge(op)))
     return true;  // its callbacks keep the op (and its buffers) alive until they run
   if (op.outstanding > 0) {
     if (now >= op.deadline && op.error.empty()) {
@@ -592,7 +613,12 @@ bool Engine::advance(Op& op, Clock::time_point now) {
   }
   if (!op.error.empty()) return true;
   Ctx c(*this, op);
-  if (op.p2p) return op.match.posted.front().desc.op == OpType::Send || op.judged || receive_as_sent(op);
+  if (op.p2p) {
+    const auto& mine = op.match.posted.front().desc;
+    if (mine.op == OpType::Recv && op.eager)
+      c.copy(c.out(op.match.posted.front().group_rank), op.buffers[1].get(), mine.chunk_count * ipc::dtype_size(mine.dtype));
+    return true;
+  }
   // Run algorithm steps until one posts messages or the op is done.
   for (;;) {
     ++op.phase;
@@ -625,32 +651,38 @@ bool Engine::advance(Op& op, Clock::time_point now) {
   }
 }
 
-bool Engine::receive_as_sent(Op& op) {
-  Ctx c(*this, op);
+bool Engine::judge_recv(Op& op) {
   const auto& mine = op.match.posted.front().desc;
   ipc::RequestDesc s;
   std::memcpy(&s, op.buffers.front().get(), sizeof s);
   op.judged = true;
-  const std::size_t sent = s.chunk_count * ipc::dtype_size(s.dtype);
   const int g = op.match.posted.front().group_rank;
+  const std::size_t wanted = mine.chunk_count * ipc::dtype_size(mine.dtype);
+  Ctx c(*this, op);
   if (s.dtype == mine.dtype && s.count == mine.count && s.chunk_offset == mine.chunk_offset &&
       s.chunk_count == mine.chunk_count && s.tag == mine.tag) {
-    op.into_ranks = true;
-    c.recv(1 - op.me, 1, c.out(g), sent);
-    return false;
+    if (!op.eager) {
+      op.into_ranks = true;
+      c.recv(1 - op.me, data_sub(wanted), c.out(g), wanted);
+    }
+    return true;
   }
-  // Take the data as sent, so that the sender's message completes and meets no shorter receive,
-  // then fail the pair here, every chunk of it, and on the sender's node.
-  c.recv(1 - op.me, 1, c.buffer(sent), sent);
   op.status = Status::Mismatch;
   op.error = "send/recv mismatch on communicator " + std::to_string(mine.comm_id) + ": rank " +
              std::to_string(op.comm->global_ranks[static_cast<std::size_t>(mine.root)]) + " called " + describe_call(s) +
              ", rank " + std::to_string(op.comm->global_ranks[static_cast<std::size_t>(g)]) + " called " +
              describe_call(mine);
+  // Every chunk of the pair fails, here (those still waiting for their sender's descriptor end at
+  // once) and on the sender's node.
   const auto& [comm, seq, src, dst] = op.of;
   const OpFailure f{comm, seq, src, dst, Status::Mismatch, op.error};
   if (note_failure(op.of, f.status, f.error)) send_notice(op.nodes[static_cast<std::size_t>(1 - op.me)], f);
-  return true;  // the drain's callback keeps the op (and its buffer) alive until it runs
+  // The sender's data is taken into staging (our small receive takes it when the sizes agree),
+  // so that its message completes and meets no shorter receive. The op ends now; its callbacks
+  // keep it (and its buffers) alive until they run.
+  const std::size_t sent = s.chunk_count * ipc::dtype_size(s.dtype);
+  if (!(op.eager && sent == wanted)) c.recv(1 - op.me, data_sub(sent), c.buffer(sent), sent);
+  return false;
 }
 
 std::vector<int> Engine::unheard_ranks(const Op& op) const {

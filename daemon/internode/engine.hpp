@@ -166,10 +166,10 @@ class Engine {
   // Compares every member's descriptor once all arrived; false (and the op failed with the
   // mismatch naming every call) when they disagree.
   bool judge(Op& op);
-  // A recv's sender descriptor arrived: posts the data's receive at the size sent (into the
-  // rank's output when the pair agrees, else into staging to drain it, failing the pair here and
-  // on the sender's node). True when the op has ended.
-  bool receive_as_sent(Op& op);
+  // A recv's sender descriptor arrived: when they agree, posts the data's receive into the
+  // output (unless small data is already coming into staging); else fails the pair here and on
+  // the sender's node, naming both calls, drains the sent data and returns false.
+  bool judge_recv(Op& op);
   // Sends `f` to `node` as a failure notice; false when that node is gone or is this one.
   bool send_notice(int node, const OpFailure& f);
   const transport::MemoryRegion* region_for(const void* buf, std::size_t bytes) const;

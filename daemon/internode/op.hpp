@@ -33,8 +33,11 @@ struct Op : std::enable_shared_from_this<Op> {
   Clock::time_point deadline;
   std::vector<char> heard;               // node index -> its descriptors arrived (phase 0)
   bool judged = false;                   // every node's descriptors arrived and agree (a recv: the sender's arrived)
-  bool into_ranks = false;               // a recv's data receive into the rank's output is posted
-  // Small AllReduce and AllGather: the data went out with the descriptors (eager.cpp).
+  // A recv's data receive into the rank's output is posted (its descriptor agreed: the data
+  // surely comes); such an op runs to its end, whatever failure notice arrives.
+  bool into_ranks = false;
+  // Small AllReduce and AllGather: the data went out with the descriptors (eager.cpp). A small
+  // recv: its data is received into staging (buffers[1]) beside the descriptor.
   bool eager = false;
   bool stall_reported = false;
   std::uint64_t key = 0;                 // hash of (comm, seq, chunk): the base of every tag
@@ -82,6 +85,13 @@ class Engine::Ctx {
   Engine& e_;
   Op& op_;
 };
+
+// A data message's `sub` when the receiver cannot know the size before the sender's descriptor
+// arrives (the eager collectives, send/recv): the tag names the size, so a message of another
+// size never meets the receive. A longer message would be truncated, and tcp;ofi_rxm (libfabric
+// 1.17) loses the pair's later messages after a truncation. The unmatched message stays with the
+// provider; the descriptors report the mismatch. (Descriptors use sub 0.)
+inline std::uint64_t data_sub(std::uint64_t bytes) { return bytes << 1 | 1; }
 
 // Hierarchical reductions reduce inside the node first, then across nodes. AVG is a sum
 // scaled once at the end by 1/size; PREMUL_SUM scales each rank's input in the local step.

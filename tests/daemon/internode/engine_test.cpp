@@ -442,12 +442,14 @@ TEST_P(EngineTest, AFailureOfAnOperationThisNodeStartedIsNotAnnounced) {
 }
 
 // A send/recv: the failure names the pair, and only that pair's operation ends.
-// A send longer or shorter than its receive: the receiver reports the pair's calls, the sender
-// finishes, and the two nodes' later messages still arrive (tcp;ofi_rxm loses a pair's later
+// A send longer or shorter than its receive, small or large: the receiver reports the pair's
+// calls, the sender finishes, and the two nodes' later messages still arrive (tcp;ofi_rxm loses a pair's later
 // messages after a truncated receive, heartbeats included: a peer then looks dead).
 TEST_P(EngineTest, ASendRecvSizeMismatchFailsThePairAndLaterMessagesStillArrive) {
   std::uint64_t seq = 1;
-  for (const std::uint64_t sent : {16u, 4u}) {  // elements; the receive wants 8
+  constexpr std::uint64_t big = 2 * kEagerMessageBytes / 4;  // received straight into the output
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> pairs = {{16, 8}, {4, 8}, {big + 100, big}, {big - 100, big}};
+  for (const auto& [sent, wanted] : pairs) {  // elements
     auto send = desc(OpType::Send, sent);
     send.seq = seq;
     send.root = 2;  // to group rank 2, on node 1
@@ -457,7 +459,7 @@ TEST_P(EngineTest, ASendRecvSizeMismatchFailsThePairAndLaterMessagesStillArrive)
     s.group_rank = 0;
     s.desc = send;
     s.desc.input = {ipc::BufferKind::Arena, {}, 0, sent * 4};
-    auto recv = desc(OpType::Recv, 8);
+    auto recv = desc(OpType::Recv, wanted);
     recv.seq = seq++;
     recv.root = 0;
     recv.timeout_ms = 5000;
@@ -465,7 +467,7 @@ TEST_P(EngineTest, ASendRecvSizeMismatchFailsThePairAndLaterMessagesStillArrive)
     r.slot = 0;
     r.group_rank = 2;
     r.desc = recv;
-    r.desc.output = {ipc::BufferKind::Arena, {}, kOut, 32};
+    r.desc.output = {ipc::BufferKind::Arena, {}, kOut, wanted * 4};
     nodes[0]->engine->start_p2p(nodes[0]->comm, s, Clock::now());
     nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
     auto done = drive();
@@ -513,6 +515,32 @@ TEST_P(EngineTest, ASendRecvSizeMismatchFailsThePairAndLaterMessagesStillArrive)
       EXPECT_NE(f.match.error.find("rank 0 called send(float32, count=8"), std::string::npos) << f.match.error;
     }
     EXPECT_LT(Clock::now() - start, std::chrono::seconds(4)) << "a chunk waited for its timeout";
+  }
+  // A pair that agrees, small and large, still delivers.
+  for (const std::uint64_t count : {std::uint64_t{8}, big}) {
+    for (std::uint64_t k = 0; k < count; ++k) nodes[0]->in(0)[k] = static_cast<float>(k + count);
+    auto send = desc(OpType::Send, count);
+    send.seq = seq;
+    send.root = 2;
+    Posted s;
+    s.slot = 0;
+    s.group_rank = 0;
+    s.desc = send;
+    s.desc.input = {ipc::BufferKind::Arena, {}, 0, count * 4};
+    auto recv = desc(OpType::Recv, count);
+    recv.seq = seq++;
+    recv.root = 0;
+    Posted r;
+    r.slot = 0;
+    r.group_rank = 2;
+    r.desc = recv;
+    r.desc.output = {ipc::BufferKind::Arena, {}, kOut, count * 4};
+    nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
+    nodes[0]->engine->start_p2p(nodes[0]->comm, s, Clock::now());
+    auto done = drive();
+    ASSERT_EQ(done[1].size(), 1u);
+    EXPECT_EQ(done[1][0].match.status, ipc::Status::Ok) << done[1][0].match.error;
+    for (std::uint64_t k = 0; k < count; ++k) ASSERT_EQ(nodes[1]->out(0)[k], static_cast<float>(k + count)) << k;
   }
   // Both ways, large enough to leave the providers' eager protocols.
   constexpr std::uint64_t n = 2 * kEagerBytes / 4;
