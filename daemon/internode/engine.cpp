@@ -453,19 +453,7 @@ void Engine::start(Match m, Clock::time_point now) {
     int members = 0;
     for (int g = 0; g < n; ++g) members += op->node_index_of_member(g, topo_) == j;
     const std::size_t bytes = static_cast<std::size_t>(members) * sizeof(ipc::RequestDesc);
-    std::byte* buf = c.buffer(bytes);
-    ++op->outstanding;
-    const int node = op->nodes[static_cast<std::size_t>(j)];
-    transport_->recv(peers_[static_cast<std::size_t>(node)].transport_index, c.tag(node, topo_.node_id, 0), buf, bytes,
-                     c.region_for(buf, bytes), [keep = op, j](transport::Status st) {
-                       --keep->outstanding;
-                       if (st.ok) {
-                         keep->heard[static_cast<std::size_t>(j)] = 1;
-                       } else if (keep->error.empty()) {
-                         keep->status = Status::PeerFailed;
-                         keep->error = st.error;
-                       }
-                     });
+    post_descriptor_recv(op, j, c.buffer(bytes), bytes);
   }
   // Small operations send their data now too (eager.cpp): one exchange instead of two or three.
   if (sends_eagerly(c)) {
@@ -517,23 +505,27 @@ void Engine::start_p2p(const Communicator& comm, const Posted& p, Clock::time_po
   // descriptor's round through the loop). The data's tag names its size.
   op->heard.assign(2, 0);
   op->heard[static_cast<std::size_t>(op->me)] = 1;
-  std::byte* hdr = c.buffer(sizeof d);
+  post_descriptor_recv(op, other, c.buffer(sizeof d), sizeof d);
+  if (bytes <= kEagerMessageBytes) {
+    op->eager = true;
+    c.recv(other, data_sub(bytes), c.buffer(bytes), bytes);
+  }
+}
+
+void Engine::post_descriptor_recv(const std::shared_ptr<Op>& op, int j, std::byte* buf, std::size_t bytes) {
+  Ctx c(*this, *op);
   ++op->outstanding;
-  const int node = op->nodes[static_cast<std::size_t>(other)];
-  transport_->recv(peers_[static_cast<std::size_t>(node)].transport_index, c.tag(node, topo_.node_id, 0), hdr, sizeof d,
-                   c.region_for(hdr, sizeof d), [keep = op, other](transport::Status st) {
+  const int node = op->nodes[static_cast<std::size_t>(j)];
+  transport_->recv(peers_[static_cast<std::size_t>(node)].transport_index, c.tag(node, topo_.node_id, 0), buf, bytes,
+                   c.region_for(buf, bytes), [keep = op, j](transport::Status st) {
                      --keep->outstanding;
                      if (st.ok) {
-                       keep->heard[static_cast<std::size_t>(other)] = 1;
+                       keep->heard[static_cast<std::size_t>(j)] = 1;
                      } else if (keep->error.empty()) {
                        keep->status = Status::PeerFailed;
                        keep->error = st.error;
                      }
                    });
-  if (bytes <= kEagerMessageBytes) {
-    op->eager = true;
-    c.recv(other, data_sub(bytes), c.buffer(bytes), bytes);
-  }
 }
 
 namespace {

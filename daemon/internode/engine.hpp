@@ -163,6 +163,8 @@ class Engine {
   void check_peers(Clock::time_point now);
   void peer_lost(int node, const std::string& why, int exit_code);
   bool advance(Op& op, Clock::time_point now);  // true when the op has ended
+  // Receives node index j's descriptors into `buf`; the op has heard j once they are in.
+  void post_descriptor_recv(const std::shared_ptr<Op>& op, int j, std::byte* buf, std::size_t bytes);
   // Compares every member's descriptor once all arrived; false (and the op failed with the
   // mismatch naming every call) when they disagree.
   bool judge(Op& op);

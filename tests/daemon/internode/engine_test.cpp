@@ -140,6 +140,30 @@ ipc::RequestDesc desc(OpType op, std::uint64_t count) {
   return d;
 }
 
+// Group rank 0 (node 0) sends `count` floats from its arena to group rank 2 (node 1).
+Posted send_0_to_2(std::uint64_t count, std::uint64_t seq) {
+  Posted s;
+  s.slot = 0;
+  s.group_rank = 0;
+  s.desc = desc(OpType::Send, count);
+  s.desc.seq = seq;
+  s.desc.root = 2;
+  s.desc.input = {ipc::BufferKind::Arena, {}, 0, count * 4};
+  return s;
+}
+
+// Group rank 2 (node 1) receives `count` floats from group rank 0 into its output.
+Posted recv_2_from_0(std::uint64_t count, std::uint64_t seq) {
+  Posted r;
+  r.slot = 0;
+  r.group_rank = 2;
+  r.desc = desc(OpType::Recv, count);
+  r.desc.seq = seq;
+  r.desc.root = 0;
+  r.desc.output = {ipc::BufferKind::Arena, {}, kOut, count * 4};
+  return r;
+}
+
 TEST_P(EngineTest, AllReduceSumsEveryRankOfEveryNode) {
   constexpr std::uint64_t n = 1001;  // odd: shards of unequal size
   for (int i = 0; i < 2; ++i)
@@ -441,7 +465,6 @@ TEST_P(EngineTest, AFailureOfAnOperationThisNodeStartedIsNotAnnounced) {
   }
 }
 
-// A send/recv: the failure names the pair, and only that pair's operation ends.
 // A send longer or shorter than its receive, small or large: the receiver reports the pair's
 // calls, the sender finishes, and the two nodes' later messages still arrive (tcp;ofi_rxm loses a pair's later
 // messages after a truncated receive, heartbeats included: a peer then looks dead).
@@ -450,24 +473,9 @@ TEST_P(EngineTest, ASendRecvSizeMismatchFailsThePairAndLaterMessagesStillArrive)
   constexpr std::uint64_t big = 2 * kEagerMessageBytes / 4;  // received straight into the output
   const std::vector<std::pair<std::uint64_t, std::uint64_t>> pairs = {{16, 8}, {4, 8}, {big + 100, big}, {big - 100, big}};
   for (const auto& [sent, wanted] : pairs) {  // elements
-    auto send = desc(OpType::Send, sent);
-    send.seq = seq;
-    send.root = 2;  // to group rank 2, on node 1
-    send.timeout_ms = 5000;
-    Posted s;
-    s.slot = 0;
-    s.group_rank = 0;
-    s.desc = send;
-    s.desc.input = {ipc::BufferKind::Arena, {}, 0, sent * 4};
-    auto recv = desc(OpType::Recv, wanted);
-    recv.seq = seq++;
-    recv.root = 0;
-    recv.timeout_ms = 5000;
-    Posted r;
-    r.slot = 0;
-    r.group_rank = 2;
-    r.desc = recv;
-    r.desc.output = {ipc::BufferKind::Arena, {}, kOut, wanted * 4};
+    auto s = send_0_to_2(sent, seq);
+    auto r = recv_2_from_0(wanted, seq++);
+    s.desc.timeout_ms = r.desc.timeout_ms = 5000;
     nodes[0]->engine->start_p2p(nodes[0]->comm, s, Clock::now());
     nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
     auto done = drive();
@@ -479,27 +487,14 @@ TEST_P(EngineTest, ASendRecvSizeMismatchFailsThePairAndLaterMessagesStillArrive)
   }
   {  // A receive in two chunks of 8 against a send of 8: the chunk no send will ever match fails
      // with the mismatch at once, not at its timeout.
-    auto send = desc(OpType::Send, 8);
-    send.seq = seq;
-    send.root = 2;
-    send.timeout_ms = 5000;
-    Posted s;
-    s.slot = 0;
-    s.group_rank = 0;
-    s.desc = send;
-    s.desc.input = {ipc::BufferKind::Arena, {}, 0, 32};
+    auto s = send_0_to_2(8, seq);
+    s.desc.timeout_ms = 5000;
     nodes[0]->engine->start_p2p(nodes[0]->comm, s, Clock::now());
     for (std::uint64_t chunk = 0; chunk < 2; ++chunk) {
-      auto recv = desc(OpType::Recv, 16);
-      recv.seq = seq;
-      recv.root = 0;
-      recv.timeout_ms = 5000;
-      recv.chunk_count = 8;
-      recv.chunk_offset = 8 * chunk;
-      Posted r;
-      r.slot = 0;
-      r.group_rank = 2;
-      r.desc = recv;
+      auto r = recv_2_from_0(16, seq);
+      r.desc.timeout_ms = 5000;
+      r.desc.chunk_count = 8;
+      r.desc.chunk_offset = 8 * chunk;
       r.desc.output = {ipc::BufferKind::Arena, {}, kOut + 32 * chunk, 32};
       nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
     }
@@ -519,22 +514,8 @@ TEST_P(EngineTest, ASendRecvSizeMismatchFailsThePairAndLaterMessagesStillArrive)
   // A pair that agrees, small and large, still delivers.
   for (const std::uint64_t count : {std::uint64_t{8}, big}) {
     for (std::uint64_t k = 0; k < count; ++k) nodes[0]->in(0)[k] = static_cast<float>(k + count);
-    auto send = desc(OpType::Send, count);
-    send.seq = seq;
-    send.root = 2;
-    Posted s;
-    s.slot = 0;
-    s.group_rank = 0;
-    s.desc = send;
-    s.desc.input = {ipc::BufferKind::Arena, {}, 0, count * 4};
-    auto recv = desc(OpType::Recv, count);
-    recv.seq = seq++;
-    recv.root = 0;
-    Posted r;
-    r.slot = 0;
-    r.group_rank = 2;
-    r.desc = recv;
-    r.desc.output = {ipc::BufferKind::Arena, {}, kOut, count * 4};
+    const auto s = send_0_to_2(count, seq);
+    const auto r = recv_2_from_0(count, seq++);
     nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
     nodes[0]->engine->start_p2p(nodes[0]->comm, s, Clock::now());
     auto done = drive();
@@ -559,14 +540,9 @@ TEST_P(EngineTest, ASendRecvSizeMismatchFailsThePairAndLaterMessagesStillArrive)
   }
 }
 
+// A send/recv: the failure names the pair, and only that pair's operation ends.
 TEST_P(EngineTest, ASendThatFailedOnItsNodeFailsTheReceiverOnTheOther) {
-  auto recv = desc(OpType::Recv, 8);
-  recv.root = 0;  // from group rank 0, on node 0
-  Posted r;
-  r.slot = 0;
-  r.group_rank = 2;
-  r.desc = recv;
-  r.desc.output = {ipc::BufferKind::Arena, {}, kOut, 32};
+  auto r = recv_2_from_0(8, 1);
   nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
   auto other = r;  // rank 3 receives from rank 1: not the failed pair
   other.slot = 1;
