@@ -459,8 +459,7 @@ void Engine::start(Match m, Clock::time_point now) {
   if (sends_eagerly(c)) {
     op->eager = true;
     try {
-      if (d.op == OpType::AllReduce) allreduce_eager_step(c);
-      else allgather_eager_step(c);
+      eager_step(c);
     } catch (const std::exception& e) {
       c.fail(Status::Internal, std::string("internal error: ") + e.what());
     }
@@ -616,17 +615,21 @@ bool Engine::advance(Op& op, Clock::time_point now) {
     ++op.phase;
     bool done = false;
     try {
-      switch (op.d0().op) {
-        case OpType::AllReduce:
-        case OpType::Reduce: done = op.eager ? allreduce_eager_step(c) : allreduce_step(c); break;
-        case OpType::ReduceScatter: done = reduce_scatter_step(c); break;
-        case OpType::Broadcast: done = broadcast_step(c); break;
-        case OpType::AllGather: done = op.eager ? allgather_eager_step(c) : allgather_step(c); break;
-        case OpType::Gather:
-        case OpType::Scatter: done = gather_scatter_step(c); break;
-        case OpType::AllToAll: done = alltoall_step(c); break;
-        case OpType::Barrier: done = true; break;
-        default: c.fail(Status::Unsupported, std::string(ipc::to_string(op.d0().op)) + " is not a collective"); done = true;
+      if (op.eager) {
+        done = eager_step(c);
+      } else {
+        switch (op.d0().op) {
+          case OpType::AllReduce:
+          case OpType::Reduce: done = allreduce_step(c); break;
+          case OpType::ReduceScatter: done = reduce_scatter_step(c); break;
+          case OpType::Broadcast: done = broadcast_step(c); break;
+          case OpType::AllGather: done = allgather_step(c); break;
+          case OpType::Gather:
+          case OpType::Scatter: done = gather_scatter_step(c); break;
+          case OpType::AllToAll: done = alltoall_step(c); break;
+          case OpType::Barrier: done = true; break;
+          default: c.fail(Status::Unsupported, std::string(ipc::to_string(op.d0().op)) + " is not a collective"); done = true;
+        }
       }
     } catch (const std::exception& e) {
       c.fail(Status::Internal, std::string("internal error: ") + e.what());

@@ -109,16 +109,16 @@ bool allgather_step(Engine::Ctx& c);
 bool gather_scatter_step(Engine::Ctx& c);  // Gather and Scatter
 bool alltoall_step(Engine::Ctx& c);
 
-// Small single-chunk operations send their data with their descriptors (phase 0) and finish in
-// phase 1: one exchange (eager.cpp). Each node decides from its own descriptor; nodes that
-// decide differently called different operations, which the descriptor check reports.
+// Small single-chunk AllReduce, Reduce, ReduceScatter, Broadcast and AllGather send their data
+// with their descriptors (phase 0) and finish in phase 1: one exchange (eager.cpp). Each node
+// decides from its own descriptor; nodes that decide differently called different operations,
+// which the descriptor check reports.
 // Larger single messages leave the providers' eager protocols (tcp;ofi_rxm sends up to 16 KiB
 // eagerly, then a rendezvous: a 32 KiB AllReduce over tcp was 1.2x slower sent this way), and
 // one node sending much more than the two-step algorithms would costs more than a round trip.
 constexpr std::uint64_t kEagerMessageBytes = 16 << 10;
 constexpr std::uint64_t kEagerBytes = 64 << 10;  // what one node sends, in all
 bool sends_eagerly(Engine::Ctx& c);
-bool allreduce_eager_step(Engine::Ctx& c);
-bool allgather_eager_step(Engine::Ctx& c);
+bool eager_step(Engine::Ctx& c);  // phase 0 posts the exchange; phase 1 finishes
 
 }  // namespace smddp::daemon::internode
