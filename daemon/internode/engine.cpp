@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <spdlog/spdlog.h>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 
 #include "daemon/executor/host_reduce.hpp"
 #include "daemon/internode/op.hpp"
@@ -221,11 +223,30 @@ const transport::MemoryRegion* Engine::region_for(const void* buf, std::size_t b
 
 Engine::~Engine() = default;
 
+namespace {
+// A heartbeat or failure notice in a staging buffer: registered once where the provider wants
+// local buffers registered (efa), where a buffer of its own would be registered and deregistered
+// around every message (heartbeats: five a second each way per peer). The callback that holds
+// it keeps it, and the lease gives the buffer back to the pool with it.
+template <class T>
+class ControlMessage {
+ public:
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
+  explicit ControlMessage(StagingPool& pool) : lease_(pool.take(sizeof(T))) { std::construct_at(get()); }
+  T* get() const { return reinterpret_cast<T*>(lease_.get()); }
+  const transport::MemoryRegion* region() const { return lease_.region(); }
+
+ private:
+  StagingPool::Lease lease_;
+};
+}  // namespace
+
 void Engine::post_beat_recv(int node) {
-  auto beat = std::make_shared<Beat>();
+  auto beat = std::make_shared<ControlMessage<Beat>>(staging_);
   auto& peer = peers_[static_cast<std::size_t>(node)];
-  transport_->recv(peer.transport_index, kBeatTag, beat.get(), sizeof(Beat), nullptr,
+  transport_->recv(peer.transport_index, kBeatTag, beat->get(), sizeof(Beat), beat->region(),
                    [this, beat, node](transport::Status st) {
+                     Beat& m = *beat->get();
                      auto& p = peers_[static_cast<std::size_t>(node)];
                      if (!st.ok) {
                        // Failed by fail_peer (the peer is gone) or by the transport's timeout;
@@ -234,12 +255,12 @@ void Engine::post_beat_recv(int node) {
                        return;
                      }
                      p.last_heard = Clock::now();
-                     if (beat->magic == kBeatMagic) {
-                       const auto s = static_cast<PeerState>(beat->state);
+                     if (m.magic == kBeatMagic) {
+                       const auto s = static_cast<PeerState>(m.state);
                        if (s == PeerState::Failed && p.state == PeerState::Alive) {
-                         beat->error[sizeof beat->error - 1] = '\0';
+                         m.error[sizeof m.error - 1] = '\0';
                          p.state = PeerState::Failed;
-                         if (!peer_failure_) peer_failure_ = PeerFailure{beat->error, beat->exit_code ? beat->exit_code : 1};
+                         if (!peer_failure_) peer_failure_ = PeerFailure{m.error, m.exit_code ? m.exit_code : 1};
                        } else if (s == PeerState::Done && p.state == PeerState::Alive) {
                          p.state = PeerState::Done;
                        }
@@ -249,19 +270,20 @@ void Engine::post_beat_recv(int node) {
 }
 
 void Engine::post_notice_recv(int node) {
-  auto notice = std::make_shared<FailureNotice>();
+  auto notice = std::make_shared<ControlMessage<FailureNotice>>(staging_);
   auto& peer = peers_[static_cast<std::size_t>(node)];
-  transport_->recv(peer.transport_index, kFailureTag, notice.get(), sizeof(FailureNotice), nullptr,
+  transport_->recv(peer.transport_index, kFailureTag, notice->get(), sizeof(FailureNotice), notice->region(),
                    [this, notice, node](transport::Status st) {
+                     FailureNotice& m = *notice->get();
                      const auto& p = peers_[static_cast<std::size_t>(node)];
-                     if (st.ok && notice->magic == kFailureMagic &&
-                         notice->status > static_cast<std::uint32_t>(Status::Ok) &&
-                         notice->status <= static_cast<std::uint32_t>(Status::Shutdown)) {
-                       notice->error[sizeof notice->error - 1] = '\0';
-                       const auto status = static_cast<Status>(notice->status);
-                       const OpKey key{notice->comm, notice->seq, notice->src, notice->dst};
-                       if (note_failure(key, status, notice->error))
-                         told_.push_back({notice->comm, notice->seq, notice->src, notice->dst, status, notice->error});
+                     if (st.ok && m.magic == kFailureMagic &&
+                         m.status > static_cast<std::uint32_t>(Status::Ok) &&
+                         m.status <= static_cast<std::uint32_t>(Status::Shutdown)) {
+                       m.error[sizeof m.error - 1] = '\0';
+                       const auto status = static_cast<Status>(m.status);
+                       const OpKey key{m.comm, m.seq, m.src, m.dst};
+                       if (note_failure(key, status, m.error))
+                         told_.push_back({m.comm, m.seq, m.src, m.dst, status, m.error});
                      }
                      if (p.state == PeerState::Alive) post_notice_recv(node);
                    });
@@ -329,14 +351,15 @@ bool Engine::announce_op_failure(const Communicator& comm, const OpFailure& f) {
 bool Engine::send_notice(int node, const OpFailure& f) {
   auto& peer = peers_[static_cast<std::size_t>(node)];
   if (node == topo_.node_id || peer.state != PeerState::Alive || !process_there(node)) return false;
-  auto notice = std::make_shared<FailureNotice>();
-  notice->status = static_cast<std::uint32_t>(f.status);
-  notice->src = f.src;
-  notice->dst = f.dst;
-  notice->comm = f.comm;
-  notice->seq = f.seq;
-  std::strncpy(notice->error, f.error.c_str(), sizeof notice->error - 1);
-  transport_->send(peer.transport_index, kFailureTag, notice.get(), sizeof(FailureNotice), nullptr,
+  auto notice = std::make_shared<ControlMessage<FailureNotice>>(staging_);
+  FailureNotice& m = *notice->get();
+  m.status = static_cast<std::uint32_t>(f.status);
+  m.src = f.src;
+  m.dst = f.dst;
+  m.comm = f.comm;
+  m.seq = f.seq;
+  std::strncpy(m.error, f.error.c_str(), sizeof m.error - 1);
+  transport_->send(peer.transport_index, kFailureTag, notice->get(), sizeof(FailureNotice), notice->region(),
                    [notice](transport::Status) {});
   return true;
 }
@@ -357,15 +380,16 @@ void Engine::send_beat(int node, Clock::time_point now) {
   if (peer.state == PeerState::Done && (my_state_ == PeerState::Alive || peer.goodbye_sent)) return;
   if (!process_there(node)) return;
   if (peer.beats_in_flight >= 4) return;  // it does not take them: silence is judged by its side
-  auto beat = std::make_shared<Beat>();
-  beat->state = static_cast<std::uint32_t>(my_state_);
-  beat->exit_code = my_exit_code_;
-  beat->pid = topo_.nodes[static_cast<std::size_t>(topo_.node_id)].pid;
-  std::strncpy(beat->error, my_error_.c_str(), sizeof beat->error - 1);
+  auto beat = std::make_shared<ControlMessage<Beat>>(staging_);
+  Beat& m = *beat->get();
+  m.state = static_cast<std::uint32_t>(my_state_);
+  m.exit_code = my_exit_code_;
+  m.pid = topo_.nodes[static_cast<std::size_t>(topo_.node_id)].pid;
+  std::strncpy(m.error, my_error_.c_str(), sizeof m.error - 1);
   ++peer.beats_in_flight;
   peer.last_sent = now;
   if (my_state_ != PeerState::Alive) peer.goodbye_sent = true;
-  transport_->send(peer.transport_index, kBeatTag, beat.get(), sizeof(Beat), nullptr,
+  transport_->send(peer.transport_index, kBeatTag, beat->get(), sizeof(Beat), beat->region(),
                    [this, beat, node](transport::Status) { --peers_[static_cast<std::size_t>(node)].beats_in_flight; });
 }
 
