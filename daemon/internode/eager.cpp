@@ -1,8 +1,9 @@
 // Small collectives across nodes in one exchange. Their data goes out with the descriptors
 // (phase 0) instead of after them: every node sends what the others need of its ranks (their
-// sum, their blocks, the root's data), and each node finishes alone once the descriptors agree
-// and the data is in. One network round trip instead of three (AllReduce: descriptors,
-// reduce-scatter, all-gather) or two (the others).
+// sum, their blocks, the root's data), one message per pair of nodes, and each node finishes
+// alone once the descriptors agree and the data is in. One network round trip instead of three
+// (AllReduce, Reduce: descriptors, reduce-scatter, all-gather) or two (the others). Not for
+// uneven AllToAll (its split tables come first) nor Barrier (the descriptors are all it is).
 //
 // Phase 0 receives only into staging buffers and writes no rank's output: an operation that
 // ends in phase 0 (a mismatch, another node's failure notice) may leave messages posted, and
@@ -190,6 +191,139 @@ bool allgather_eager_step(Engine::Ctx& c) {
   return true;
 }
 
+// Gather and Scatter. Gather: every other node sends its ranks' blocks (in group-rank order, one
+// message) to the root's node, which places them. Scatter: the root's node sends every other
+// node the blocks of its ranks, which copy theirs.
+bool gather_scatter_eager_step(Engine::Ctx& c) {
+  Op& op = c.op();
+  const auto& d = local_desc(op);
+  const std::uint64_t cb = d.chunk_count * ipc::dtype_size(d.dtype);
+  const int n = op.size(), P = static_cast<int>(op.nodes.size()), root_node = c.node_index_of(d.root);
+  const bool gather = d.op == OpType::Gather, at_root = root_node == op.me;
+  const auto members = members_per_node(c);
+  const std::size_t first = first_staging(op);
+  if (op.phase == 0) {
+    if (gather && !at_root) {
+      const std::size_t to_root = members[static_cast<std::size_t>(op.me)] * cb;
+      std::byte* blocks = c.buffer(to_root);
+      std::byte* at = blocks;
+      for (int g = 0; g < n; ++g)
+        if (c.is_local(g)) {
+          c.copy(at, c.in(g), cb);
+          at += cb;
+        }
+      c.send(root_node, data_sub(to_root), blocks, to_root);
+    } else if (gather) {
+      for (int j = 0; j < P; ++j) {
+        if (j == op.me) continue;
+        const std::size_t from_j = members[static_cast<std::size_t>(j)] * cb;
+        c.recv(j, data_sub(from_j), c.buffer(from_j), from_j);
+      }
+    } else if (at_root) {
+      for (int j = 0; j < P; ++j) {
+        if (j == op.me) continue;
+        const std::size_t to_j = members[static_cast<std::size_t>(j)] * cb;
+        std::byte* blocks = c.buffer(to_j);
+        std::byte* at = blocks;
+        for (int g = 0; g < n; ++g)
+          if (c.node_index_of(g) == j) {
+            c.copy(at, c.in(d.root) + static_cast<std::uint64_t>(g) * cb, cb);
+            at += cb;
+          }
+        c.send(j, data_sub(to_j), blocks, to_j);
+      }
+    } else {
+      const std::size_t to_me = members[static_cast<std::size_t>(op.me)] * cb;
+      c.recv(root_node, data_sub(to_me), c.buffer(to_me), to_me);
+    }
+    return false;
+  }
+  if (gather) {
+    if (!at_root) return true;
+    std::vector<const std::byte*> next(static_cast<std::size_t>(P), nullptr);
+    std::size_t b = first;
+    for (int j = 0; j < P; ++j)
+      if (j != op.me) next[static_cast<std::size_t>(j)] = op.buffers[b++].get();
+    std::byte* out = c.out(d.root);
+    for (int g = 0; g < n; ++g) {
+      const int j = c.node_index_of(g);
+      if (j == op.me) {
+        c.copy(out + static_cast<std::uint64_t>(g) * cb, c.in(g), cb);
+      } else {
+        c.copy(out + static_cast<std::uint64_t>(g) * cb, next[static_cast<std::size_t>(j)], cb);
+        next[static_cast<std::size_t>(j)] += cb;
+      }
+    }
+    return true;
+  }
+  const std::byte* mine = at_root ? nullptr : op.buffers[first].get();
+  for (int g = 0; g < n; ++g) {
+    if (!c.is_local(g)) continue;
+    if (at_root) {
+      c.copy(c.out(g), c.in(d.root) + static_cast<std::uint64_t>(g) * cb, cb);
+    } else {
+      c.copy(c.out(g), mine, cb);
+      mine += cb;
+    }
+  }
+  return true;
+}
+
+// AllToAll with even splits. Each node sends every other node one message: for each of its
+// ranks q (group-rank order), q's blocks for that node's ranks r (group-rank order).
+bool alltoall_eager_step(Engine::Ctx& c) {
+  Op& op = c.op();
+  const auto& d = local_desc(op);
+  const std::uint64_t cb = d.chunk_count * ipc::dtype_size(d.dtype);
+  const int n = op.size(), P = static_cast<int>(op.nodes.size());
+  const auto members = members_per_node(c);
+  const std::uint64_t here = members[static_cast<std::size_t>(op.me)];
+  const std::size_t first = first_staging(op);
+  if (op.phase == 0) {
+    for (int j = 0; j < P; ++j)
+      if (j != op.me) {
+        const std::size_t from_j = members[static_cast<std::size_t>(j)] * here * cb;
+        c.recv(j, data_sub(from_j), c.buffer(from_j), from_j);
+      }
+    for (int j = 0; j < P; ++j) {
+      if (j == op.me) continue;
+      const std::size_t to_j = here * members[static_cast<std::size_t>(j)] * cb;
+      std::byte* blocks = c.buffer(to_j);
+      std::byte* at = blocks;
+      for (int q = 0; q < n; ++q) {
+        if (!c.is_local(q)) continue;
+        for (int r = 0; r < n; ++r)
+          if (c.node_index_of(r) == j) {
+            c.copy(at, c.in(q) + static_cast<std::uint64_t>(r) * cb, cb);
+            at += cb;
+          }
+      }
+      c.send(j, data_sub(to_j), blocks, to_j);
+    }
+    return false;
+  }
+  // From node j: for each of j's ranks q, a block for each of ours r.
+  std::size_t b = first;
+  for (int j = 0; j < P; ++j) {
+    if (j == op.me) continue;
+    const std::byte* from = op.buffers[b++].get();
+    for (int q = 0; q < n; ++q) {
+      if (c.node_index_of(q) != j) continue;
+      for (int r = 0; r < n; ++r)
+        if (c.is_local(r)) {
+          c.copy(c.out(r) + static_cast<std::uint64_t>(q) * cb, from, cb);
+          from += cb;
+        }
+    }
+  }
+  // Blocks within the node last, as the two-step form (an in-place input may sit in an output).
+  for (int q = 0; q < n; ++q)
+    for (int r = 0; r < n; ++r)
+      if (c.is_local(q) && c.is_local(r))
+        c.copy(c.out(r) + static_cast<std::uint64_t>(q) * cb, c.in(q) + static_cast<std::uint64_t>(r) * cb, cb);
+  return true;
+}
+
 }  // namespace
 
 bool sends_eagerly(Engine::Ctx& c) {
@@ -208,6 +342,12 @@ bool sends_eagerly(Engine::Ctx& c) {
     case OpType::Broadcast: message = cb, sent = (P - 1) * message; break;  // from the root's node
     case OpType::AllGather:
     case OpType::ReduceScatter: message = most * cb, sent = (P - 1) * message; break;  // a node's blocks
+    case OpType::Gather: message = most * cb, sent = message; break;                   // to the root's node
+    case OpType::Scatter: message = most * cb, sent = (P - 1) * message; break;        // from the root's node
+    case OpType::AllToAll:  // even splits only: uneven ones exchange their tables first
+      if (d.flags & ipc::kFlagSplits) return false;
+      message = most * most * cb, sent = (P - 1) * message;
+      break;
     default: return false;
   }
   return message <= kEagerMessageBytes && sent <= kEagerBytes;
@@ -220,6 +360,9 @@ bool eager_step(Engine::Ctx& c) {
     case OpType::ReduceScatter: return reduce_scatter_eager_step(c);
     case OpType::Broadcast: return broadcast_eager_step(c);
     case OpType::AllGather: return allgather_eager_step(c);
+    case OpType::Gather:
+    case OpType::Scatter: return gather_scatter_eager_step(c);
+    case OpType::AllToAll: return alltoall_eager_step(c);
     default: throw std::logic_error(std::string(ipc::to_string(local_desc(c.op()).op)) + " has no eager form");
   }
 }

@@ -109,8 +109,8 @@ bool allgather_step(Engine::Ctx& c);
 bool gather_scatter_step(Engine::Ctx& c);  // Gather and Scatter
 bool alltoall_step(Engine::Ctx& c);
 
-// Small single-chunk AllReduce, Reduce, ReduceScatter, Broadcast and AllGather send their data
-// with their descriptors (phase 0) and finish in phase 1: one exchange (eager.cpp). Each node
+// Small single-chunk collectives (all but uneven AllToAll and Barrier) send their data with
+// their descriptors (phase 0) and finish in phase 1: one exchange (eager.cpp). Each node
 // decides from its own descriptor; nodes that decide differently called different operations,
 // which the descriptor check reports.
 // Larger single messages leave the providers' eager protocols (tcp;ofi_rxm sends up to 16 KiB

@@ -312,26 +312,32 @@ TEST_P(EngineTest, SmallOperationsSendTheirDataWithTheirDescriptors) {
       << "a small operation posted messages after its descriptors:\n" << log;
 }
 
-// Reduce, ReduceScatter and Broadcast go in one exchange too while small (their results as the
-// two-step algorithms give them), and in two steps just above the bound.
-TEST_P(EngineTest, SmallReduceReduceScatterAndBroadcastGoInOneExchange) {
+// Reduce, ReduceScatter, Broadcast, Gather, Scatter and AllToAll go in one exchange too while
+// small (their results as the two-step algorithms give them), and in two steps just above the
+// bound.
+TEST_P(EngineTest, OtherSmallCollectivesGoInOneExchangeToo) {
   constexpr int kWorld = 2 * kRanks;
   // Whole numbers: every order of addition gives the same sum.
   const auto input = [](int g, std::uint64_t k) { return static_cast<float>(1000 * g + static_cast<int>(k % 997)); };
   struct Case {
     OpType op;
-    std::uint64_t count;  // elements of a rank's output (Broadcast, Reduce: of the tensor)
+    std::uint64_t count;  // elements of a block (Broadcast, Reduce: of the tensor)
     ReduceOp reduce;
     int root;
   };
-  constexpr std::uint64_t rs_eager = kEagerMessageBytes / 4 / kRanks;  // a node's blocks: one eager message
-  constexpr std::uint64_t whole = kEagerMessageBytes / 4;
+  constexpr std::uint64_t whole = kEagerMessageBytes / 4;  // Reduce, Broadcast: one message
+  constexpr std::uint64_t blocks = whole / kRanks;          // a node's blocks in one message
+  constexpr std::uint64_t pairs = blocks / kRanks;          // AllToAll: a node's blocks for another's ranks
   const std::vector<Case> cases = {
-      {OpType::Reduce, whole, ReduceOp::Sum, 1},      {OpType::Reduce, 7, ReduceOp::Avg, 3},
-      {OpType::Reduce, whole + 1, ReduceOp::Sum, 2},  {OpType::ReduceScatter, rs_eager, ReduceOp::Sum, 0},
-      {OpType::ReduceScatter, 3, ReduceOp::Avg, 0},   {OpType::ReduceScatter, rs_eager + 1, ReduceOp::Sum, 0},
-      {OpType::Broadcast, whole, ReduceOp::Sum, 2},   {OpType::Broadcast, 1, ReduceOp::Sum, 1},
-      {OpType::Broadcast, whole + 1, ReduceOp::Sum, 3},
+      {OpType::Reduce, whole, ReduceOp::Sum, 1},          {OpType::Reduce, 7, ReduceOp::Avg, 3},
+      {OpType::Reduce, whole + 1, ReduceOp::Sum, 2},      {OpType::ReduceScatter, blocks, ReduceOp::Sum, 0},
+      {OpType::ReduceScatter, 3, ReduceOp::Avg, 0},       {OpType::ReduceScatter, blocks + 1, ReduceOp::Sum, 0},
+      {OpType::Broadcast, whole, ReduceOp::Sum, 2},       {OpType::Broadcast, 1, ReduceOp::Sum, 1},
+      {OpType::Broadcast, whole + 1, ReduceOp::Sum, 3},   {OpType::Gather, blocks, ReduceOp::Sum, 2},
+      {OpType::Gather, 5, ReduceOp::Sum, 1},              {OpType::Gather, blocks + 1, ReduceOp::Sum, 0},
+      {OpType::Scatter, blocks, ReduceOp::Sum, 3},        {OpType::Scatter, 5, ReduceOp::Sum, 0},
+      {OpType::Scatter, blocks + 1, ReduceOp::Sum, 1},    {OpType::AllToAll, pairs, ReduceOp::Sum, 0},
+      {OpType::AllToAll, 2, ReduceOp::Sum, 0},            {OpType::AllToAll, pairs + 1, ReduceOp::Sum, 0},
   };
   TraceCapture trace;
   std::uint64_t seq = 0;
@@ -340,13 +346,15 @@ TEST_P(EngineTest, SmallReduceReduceScatterAndBroadcastGoInOneExchange) {
     d.seq = ++seq;
     d.reduce_op = k.reduce;
     d.root = k.root;
-    const std::uint64_t in_count = k.op == OpType::ReduceScatter ? kWorld * k.count : k.count;
+    const bool many_in = k.op == OpType::ReduceScatter || k.op == OpType::Scatter || k.op == OpType::AllToAll;
+    const bool many_out = k.op == OpType::Gather || k.op == OpType::AllToAll;
+    const std::uint64_t in_count = many_in ? kWorld * k.count : k.count, out_count = many_out ? kWorld * k.count : k.count;
     for (int i = 0; i < 2; ++i)
       for (int s = 0; s < kRanks; ++s) {
         for (std::uint64_t e = 0; e < in_count; ++e) nodes[i]->in(s)[e] = input(i * kRanks + s, e);
-        for (std::uint64_t e = 0; e < k.count; ++e) nodes[i]->out(s)[e] = -1;
+        for (std::uint64_t e = 0; e < out_count; ++e) nodes[i]->out(s)[e] = -1;
       }
-    for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(d, i, in_count * 4, k.count * 4), Clock::now());
+    for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(d, i, in_count * 4, out_count * 4), Clock::now());
     auto done = drive();
     const std::string what = std::string(ipc::to_string(k.op)) + " of " + std::to_string(k.count);
     for (int i = 0; i < 2; ++i) {
@@ -354,15 +362,20 @@ TEST_P(EngineTest, SmallReduceReduceScatterAndBroadcastGoInOneExchange) {
       ASSERT_EQ(done[i][0].match.status, ipc::Status::Ok) << what << ": " << done[i][0].match.error;
       for (int s = 0; s < kRanks; ++s) {
         const int g = i * kRanks + s;
-        if (k.op == OpType::Reduce && g != k.root) continue;
-        for (std::uint64_t e = 0; e < k.count; ++e) {
+        if ((k.op == OpType::Reduce || k.op == OpType::Gather) && g != k.root) continue;
+        for (std::uint64_t e = 0; e < out_count; ++e) {
+          const auto q = static_cast<int>(e / k.count);  // Gather, AllToAll: whose block
           float want = 0;
-          if (k.op == OpType::Broadcast) {
-            want = input(k.root, e);
-          } else {
-            const std::uint64_t at = k.op == OpType::ReduceScatter ? static_cast<std::uint64_t>(g) * k.count + e : e;
-            for (int r = 0; r < kWorld; ++r) want += input(r, at);
-            if (k.reduce == ReduceOp::Avg) want /= kWorld;
+          switch (k.op) {
+            case OpType::Broadcast: want = input(k.root, e); break;
+            case OpType::Gather: want = input(q, e % k.count); break;
+            case OpType::Scatter: want = input(k.root, static_cast<std::uint64_t>(g) * k.count + e); break;
+            case OpType::AllToAll: want = input(q, static_cast<std::uint64_t>(g) * k.count + e % k.count); break;
+            default: {
+              const std::uint64_t at = k.op == OpType::ReduceScatter ? static_cast<std::uint64_t>(g) * k.count + e : e;
+              for (int r = 0; r < kWorld; ++r) want += input(r, at);
+              if (k.reduce == ReduceOp::Avg) want /= kWorld;
+            }
           }
           ASSERT_EQ(nodes[i]->out(s)[e], want) << what << ", rank " << g << ", element " << e;
         }
@@ -371,12 +384,11 @@ TEST_P(EngineTest, SmallReduceReduceScatterAndBroadcastGoInOneExchange) {
   }
   // One exchange: their first step after the descriptors finishes; above the bound it posts.
   const std::string log = trace.text();
-  for (const char* step : {"internode: reduce #1 chunk at 0 phase 1 done", "internode: reduce #2 chunk at 0 phase 1 done",
-                           "internode: reduce #3 chunk at 0 phase 1 posted", "reducescatter #4 chunk at 0 phase 1 done",
-                           "reducescatter #5 chunk at 0 phase 1 done", "reducescatter #6 chunk at 0 phase 1 posted",
-                           "broadcast #7 chunk at 0 phase 1 done", "broadcast #8 chunk at 0 phase 1 done",
-                           "broadcast #9 chunk at 0 phase 1 posted"})
+  for (std::uint64_t op = 1; op <= cases.size(); ++op) {
+    const std::string step = "internode: " + std::string(ipc::to_string(cases[op - 1].op)) + " #" + std::to_string(op) +
+                             " chunk at 0 phase 1 " + (op % 3 ? "done" : "posted");
     EXPECT_NE(log.find(step), std::string::npos) << step << " not in:\n" << log;
+  }
 }
 
 // A node that called something else sends data of another size with its descriptors, or none
