@@ -7,7 +7,7 @@ from conftest import LAUNCHERS, run_job
 
 FAMILIES = ["allreduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
             "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "gather", "scatter", "send_recv",
-            "isend_irecv"]
+            "isend_irecv", "batch_isend_irecv"]
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")
 
 
@@ -29,3 +29,8 @@ def test_every_family_covers_every_dtype(job):
     missing = [(f, d) for f in FAMILIES for d in DTYPES
                if not any(n.startswith(f + ".") and n.endswith("." + d) for n in names)]
     assert not missing, missing
+
+
+def test_object_collectives_ran(job):
+    res, _ = job
+    assert "objects" in res.names(0)

@@ -251,6 +251,17 @@ def check_isend_irecv(dname):
     return compare(out, values(left, N, dname), dname)
 
 
+def check_batch_isend_irecv(dname):
+    # Both neighbours at once, as pipeline schedules exchange activations and gradients.
+    right, left = (rank + 1) % W, (rank - 1) % W
+    from_left, from_right = torch.zeros(N, dtype=DTYPES[dname]), torch.zeros(N, dtype=DTYPES[dname])
+    ops = [dist.P2POp(dist.isend, values(rank, N, dname), right), dist.P2POp(dist.irecv, from_left, left),
+           dist.P2POp(dist.isend, values(rank + W, N, dname), left), dist.P2POp(dist.irecv, from_right, right)]
+    for r in dist.batch_isend_irecv(ops):
+        r.wait()
+    return compare(from_left, values(left, N, dname), dname) or compare(from_right, values(right + W, N, dname), dname)
+
+
 for dname in DTYPES:
     chk.run("broadcast.%s" % dname, check_broadcast, dname, W - 1)
     chk.run("reduce.%s" % dname, check_reduce, dname, 1)
@@ -265,6 +276,7 @@ for dname in DTYPES:
     chk.run("scatter.%s" % dname, check_scatter, dname, 1)
     chk.run("send_recv.%s" % dname, check_send_recv, dname)
     chk.run("isend_irecv.%s" % dname, check_isend_irecv, dname)
+    chk.run("batch_isend_irecv.%s" % dname, check_batch_isend_irecv, dname)
 for dname in ("float32", "bfloat16", "float16"):
     chk.run("reduce_scatter_tensor.AVG.%s" % dname, check_reduce_scatter, dname, True, "AVG")
 
@@ -376,6 +388,14 @@ def check_objects():
     dist.broadcast_object_list(lst, src=0)
     if lst != [("hello", 0)]:
         return "broadcast_object_list: %r" % lst
+    gathered = [None] * W if rank == 1 else None
+    dist.gather_object({"from": rank, "pad": "y" * (3 * rank)}, gathered, dst=1)
+    if rank == 1 and gathered != [{"from": r, "pad": "y" * (3 * r)} for r in range(W)]:
+        return "gather_object: %r" % gathered
+    got = [None]
+    dist.scatter_object_list(got, [("to", r, [r] * r) for r in range(W)] if rank == 0 else None, src=0)
+    if got != [("to", rank, [rank] * rank)]:
+        return "scatter_object_list: %r" % got
 
 
 def check_barrier():
