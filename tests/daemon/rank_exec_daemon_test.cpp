@@ -28,6 +28,7 @@
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
 #include "ipc/protocol.hpp"
+#include "tests/daemon/daemon_thread.hpp"
 
 namespace smddp::daemon {
 namespace {
@@ -43,46 +44,9 @@ using ipc::OpType;
 using ipc::ReduceOp;
 using ipc::Status;
 
-std::string unique_job(const char* tag) {
-  static std::atomic<int> n{0};
-  return std::string("t-rankexec-") + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
-}
+std::string unique_job(const char* tag) { return test_daemon::unique_job("t-rankexec-", tag); }
 
-// A Daemon serving `nproc` attached local ranks on a thread. Destroy the ranks' clients first:
-// the daemon's loop ends once every rank that attached has left.
-class DaemonThread {
- public:
-  DaemonThread(const std::string& job, int nproc) : daemon_(layout(job, nproc), config()) {
-    thread_ = std::thread([this] { rc_ = daemon_.serve_attached(std::chrono::seconds(30)); });
-  }
-  DaemonThread(const DaemonThread&) = delete;
-  DaemonThread& operator=(const DaemonThread&) = delete;
-  ~DaemonThread() {
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  static JobLayout layout(const std::string& job, int nproc) {
-    JobLayout l;
-    l.job_id = job;
-    l.nproc_per_node = nproc;
-    l.hostname = "localhost";
-    return l;
-  }
-  static DaemonConfig config() {
-    DaemonConfig c;
-    c.arena_bytes = 1ull << 20;  // host staging is barely used here
-    c.chunk_bytes = 64ull << 10;
-    c.worker_threads = 1;
-    c.collective_timeout = std::chrono::seconds(60);  // a broken daemon fails the test, not hangs it
-    c.exit_grace = std::chrono::seconds(1);
-    return c;
-  }
-
-  Daemon daemon_;
-  std::thread thread_;
-  int rc_ = -1;
-};
+using test_daemon::DaemonThread;
 
 // What one rank's exec handler received.
 class Recorder {

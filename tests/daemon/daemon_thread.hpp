@@ -1,0 +1,60 @@
+// A real Daemon serving attached local ranks on a thread of the test (serve_attached: the
+// ranks attach by themselves, as in-process Clients). Destroy the ranks' clients first: the
+// daemon's loop ends once every rank that attached has left.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "daemon/config.hpp"
+#include "daemon/daemon.hpp"
+
+namespace smddp::daemon::test_daemon {
+
+inline std::string unique_job(const char* prefix, const char* tag) {
+  static std::atomic<int> n{0};
+  return std::string(prefix) + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+// Small arenas and chunks, one worker, and timeouts that fail a broken test rather than hang it.
+inline DaemonConfig small_config() {
+  DaemonConfig c;
+  c.arena_bytes = 1ull << 20;
+  c.chunk_bytes = 64ull << 10;
+  c.worker_threads = 1;
+  c.collective_timeout = std::chrono::seconds(60);
+  c.exit_grace = std::chrono::seconds(1);
+  return c;
+}
+
+class DaemonThread {
+ public:
+  DaemonThread(const std::string& job, int nproc, DaemonConfig config = small_config())
+      : daemon_(layout(job, nproc), std::move(config)) {
+    thread_ = std::thread([this] { rc_ = daemon_.serve_attached(std::chrono::seconds(30)); });
+  }
+  DaemonThread(const DaemonThread&) = delete;
+  DaemonThread& operator=(const DaemonThread&) = delete;
+  ~DaemonThread() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  static JobLayout layout(const std::string& job, int nproc) {
+    JobLayout l;
+    l.job_id = job;
+    l.nproc_per_node = nproc;
+    l.hostname = "localhost";
+    return l;
+  }
+
+  Daemon daemon_;
+  std::thread thread_;
+  int rc_ = -1;
+};
+
+}  // namespace smddp::daemon::test_daemon
