@@ -193,6 +193,8 @@ void ClientImpl::detach() {
     if (detached_) return;
     detached_ = true;
     stop_ = true;
+    // The other members may reuse their regions once they have this rank's releases.
+    if (post_releases_locked()) segment_.header().daemon_bell.ring();
     fail_all_locked(Status::Shutdown, "this rank detached from smddp before the operation finished", callbacks);
   }
   work_cv_.notify_all();
@@ -207,6 +209,7 @@ ClientImpl::~ClientImpl() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
+    if (post_releases_locked()) segment_.header().daemon_bell.ring();
   }
   work_cv_.notify_all();
   slot_.client_bell.ring();
@@ -278,7 +281,9 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
 }
 
 bool ClientImpl::submit_chunk_locked(OpState& op) {
-  if (inflight_.size() + outbox_.size() >= ipc::kCompletionRingCapacity) return false;
+  // Every request in flight gets one completion: they must all fit in the completion ring.
+  if (inflight_.size() + outbox_.size() + releases_.size() + release_outbox_.size() >= ipc::kCompletionRingCapacity)
+    return false;
   const std::uint64_t k = op.next_;
   const auto& p = op.plan_;
   const std::uint64_t cc = op.chunk_count(k);
@@ -305,6 +310,8 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
     return r;
   };
   StagingCopier* copier = p.copier.get();
+  // What this client copies out itself may come straight from the members' arenas.
+  if (!copier && !p.unchunked && ipc::reads_sources(p.base.op)) d.flags |= ipc::kFlagReadSources;
   bool copied_in = false;
   // `from`: bytes into the caller's input.
   const auto copy_in = [&](std::byte* to, std::uint64_t from, std::uint64_t len) {
@@ -355,8 +362,19 @@ void ClientImpl::post_or_stage_locked(Staged s) {
   outbox_.push_back(std::move(s));
 }
 
+bool ClientImpl::post_releases_locked() {
+  bool pushed = false;
+  while (!release_outbox_.empty() && slot_.requests.try_push(release_outbox_.front())) {
+    release_outbox_.pop_front();
+    pushed = true;
+  }
+  return pushed;
+}
+
 bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
-  bool pushed = std::exchange(posted_, false);
+  // Releases first: other members wait for them to reuse their regions.
+  bool pushed = post_releases_locked();
+  pushed = std::exchange(posted_, false) || pushed;
   bool collectives_wait = false;           // an earlier collective chunk is still copying in
   std::vector<const OpState*> p2p_waiting;  // sends/receives with an earlier chunk copying in
   const OpState* checked = nullptr;         // the last op whose copier was asked for errors
@@ -630,8 +648,19 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
 void ClientImpl::complete_locked(Deferred& callbacks) {
   ipc::CompletionDesc c;
   while (slot_.completions.try_pop(c) == ipc::SpscRing<ipc::CompletionDesc, ipc::kCompletionRingCapacity>::PopResult::Item) {
+    if (auto r = releases_.find(c.request_id); r != releases_.end()) {
+      // A chunk's release answered: no member reads this rank's region any more.
+      if (r->second != kNoRegion) alloc_.free(r->second);
+      releases_.erase(r);
+      continue;
+    }
     auto it = inflight_.find(c.request_id);
-    if (it == inflight_.end()) continue;  // answered after we gave up on it
+    if (it == inflight_.end()) {
+      // Answered after we gave up on it (its region stays allocated); the other members still
+      // need to hear that this rank reads nothing of theirs.
+      if (c.kind == ipc::CompletionKind::Sources) release_sources_locked(c, kNoRegion);
+      continue;
+    }
     if (it->second.op->plan_.rank_exec) {
       // In ring order, under the lock: the plugin must run plans in the daemon's order.
       if (exec_handler_) exec_handler_(it->second.op->plan_.exec_token, c);
@@ -645,7 +674,17 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
     callbacks.released.push_back(inf.op);
     --op.inflight_;
     ++op.finished_;
-    if (c.status == Status::Ok && op.plan_.device) {
+    const bool sources = c.kind == ipc::CompletionKind::Sources;
+    if (sources) {
+      if (op.status_ == Status::Ok) {
+        if (auto why = copy_sources_locked(op, inf, c)) {
+          op.status_ = Status::Internal;
+          op.error_ = *why;
+          op.next_ = op.nchunks_;  // submit no more of it
+        }
+      }
+      release_sources_locked(c, inf.offset);  // the region is freed once the release is answered
+    } else if (c.status == Status::Ok && op.plan_.device) {
       op.daemon_value_.store(c.daemon_value, std::memory_order_release);
       op.daemon_event_.store(c.daemon_event, std::memory_order_release);
     } else if (c.status == Status::Ok && op.status_ == Status::Ok) {
@@ -684,9 +723,55 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
       op.next_ = op.nchunks_;  // submit no more of it
     }
     // The copies out read the region until their fence passes.
-    free_after_locked(op.plan_.copier, StagingCopier::Lane::Out, out_ticket, inf.offset);
+    if (!sources) free_after_locked(op.plan_.copier, StagingCopier::Lane::Out, out_ticket, inf.offset);
     p2p_bytes_ -= inf.p2p_bytes;
     if (op.inflight_ == 0 && (op.finished_ == op.nchunks_ || op.status_ != Status::Ok)) finish_locked(op, callbacks);
+  }
+}
+
+std::optional<std::string> ClientImpl::copy_sources_locked(OpState& op, const Inflight& inf,
+                                                           const ipc::CompletionDesc& c) {
+  const auto& p = op.plan_;
+  const auto h = c.sources_header();
+  const std::uint64_t e = ipc::dtype_size(p.base.dtype);
+  const std::uint64_t blk = op.chunk_count(inf.chunk) * e;
+  const std::uint64_t off = inf.chunk * p.chunk;
+  const auto bad = [&](const std::string& why) {
+    return std::string(ipc::to_string(p.base.op)) + ": the smddp daemon named arena sources that " + why;
+  };
+  if (h.count != p.out_blocks || h.count > ipc::kMaxArenaSources)
+    return bad("list " + std::to_string(h.count) + " blocks where this rank's output has " +
+               std::to_string(p.out_blocks) + " per chunk");
+  for (std::uint32_t b = 0; b < h.count; ++b) {
+    const auto s = c.source(b);
+    if (s.slot < 0 || s.slot >= local_world_size_ || s.bytes != blk || s.offset > arena_.size() ||
+        s.bytes > arena_.size() - s.offset)
+      return bad("do not fit this chunk (block " + std::to_string(b) + ": local rank " + std::to_string(s.slot) +
+                 ", " + std::to_string(s.bytes) + " bytes at " + std::to_string(s.offset) + "; a block is " +
+                 std::to_string(blk) + " bytes)");
+  }
+  for (std::uint32_t b = 0; b < h.count; ++b) {
+    const auto s = c.source(b);
+    std::memcpy(p.out + (b * p.user_stride + off) * e, segment_.arena(s.slot).data() + s.offset, blk);
+  }
+  return std::nullopt;
+}
+
+void ClientImpl::release_sources_locked(const ipc::CompletionDesc& c, std::uint64_t region) {
+  const auto h = c.sources_header();
+  ipc::RequestDesc d;
+  d.request_id = next_request_id_++;
+  d.comm_id = c.comm_id;
+  d.seq = c.seq;
+  d.op = h.op;
+  d.flags = ipc::kFlagReleaseSources;
+  d.chunk_offset = h.chunk_offset;
+  releases_.emplace(d.request_id, region);
+  if (release_outbox_.empty() && slot_.requests.try_push(d)) {
+    posted_ = true;
+  } else {
+    release_outbox_.push_back(d);
+    work_cv_.notify_one();  // the progress thread posts it if nobody else drives progress
   }
 }
 
@@ -751,6 +836,8 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& st : outbox_) drop_staged_locked(st, callbacks, false);
   outbox_.clear();
   inflight_.clear();
+  releases_.clear();
+  release_outbox_.clear();
 }
 
 bool ClientImpl::check_liveness_locked(Deferred& callbacks) {
@@ -867,11 +954,11 @@ void ClientImpl::progress_thread() {
     // Once the GPU fast path is in use nobody waits for its ops on the CPU: this thread
     // finishes them, and stays on the completion doorbell between them, so that issuing
     // one does not have to wake it.
-    work_cv_.wait(lk, [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_)); });
+    work_cv_.wait(lk, [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_ || !release_outbox_.empty())); });
     if (stop_) return;
     const auto wakes = waker_->count.load(std::memory_order_acquire);
     progress_locked(callbacks);
-    const bool idle = active_ == 0 && !fast_seen_;
+    const bool idle = active_ == 0 && !fast_seen_ && release_outbox_.empty();
     // Chunks wait for their copies in: spin a little first, as a waiting user thread does, to
     // see them finish before their wake comes.
     const bool copies_due = std::any_of(outbox_.begin(), outbox_.end(), [](const Staged& s) { return s.ticket != 0; });

@@ -214,6 +214,16 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
     bool seen = false;     // a spinning thread found its fence passed (copies_in_finished)
   };
   std::deque<Staged> outbox_;
+  // Host chunks the daemon answered with Sources (daemon/arena_sources.hpp): this rank copied
+  // its output from the members' arenas, and its own region stays theirs to read until the
+  // daemon answers the chunk's release. By the release's request id: the region to free then
+  // (kNoRegion: none, the op had given up on it).
+  std::unordered_map<std::uint64_t, std::uint64_t> releases_;
+  std::deque<ipc::RequestDesc> release_outbox_;  // releases the request ring had no room for
+  // Copies a Sources completion's blocks into the op's output; an error if they do not fit it.
+  std::optional<std::string> copy_sources_locked(OpState& op, const Inflight& inf, const ipc::CompletionDesc& c);
+  // Posts (or queues) the release of the chunk that Sources completion `c` named.
+  void release_sources_locked(const ipc::CompletionDesc& c, std::uint64_t region);
   // Whether the first staged chunk that waits for its copies in has them finished, found by
   // asking its copier (not yet seen so: true once per chunk). A thread that spins calls it: the
   // CUDA copier's event tells sooner than its wake. Takes the lock only if it is free, and only
@@ -239,6 +249,8 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::shared_ptr<CopyWaker> waker_ = std::make_shared<CopyWaker>();
   bool posted_ = false;  // post_or_stage_locked posted something: the daemon's bell is due
   std::function<void()> arena_release_;  // guarded by mu_
+  // Posts the queued releases the request ring takes now; true if any went.
+  bool post_releases_locked();
   // Posts what the outbox may post now; true if anything went.
   bool flush_outbox_locked(Deferred& callbacks);
   // Posts `s` at once when nothing waits before it and it has no copies to wait for, else

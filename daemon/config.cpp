@@ -45,6 +45,11 @@ const std::map<std::string, Setter>& keys() {
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.spin = microseconds(parse_int(key, v, 0, 1'000'000));
        }},
+      {"daemon.direct_read_min_kib",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         if (v == "off") c.direct_read_min_bytes = std::nullopt;
+         else c.direct_read_min_bytes = static_cast<std::uint64_t>(parse_int(key, v, 0, 1 << 22)) << 10;
+       }},
       {"daemon.stall_warning_s",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.stall_warning = seconds(parse_int(key, v, 0, 86400 * 7));

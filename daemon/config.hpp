@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@ struct DaemonConfig {
   std::uint64_t chunk_bytes = 1ull << 20;
   int worker_threads = 0;
   std::chrono::microseconds spin{50};
+  // Host collectives that only move bytes: ranks copy their outputs straight from the members'
+  // arenas when one copies at least this much (daemon/arena_sources.hpp); nullopt: never.
+  std::optional<std::uint64_t> direct_read_min_bytes = 8ull << 10;
   std::chrono::seconds stall_warning{60};
   std::chrono::seconds collective_timeout{1800};
   std::chrono::seconds exit_grace{10};

@@ -344,6 +344,7 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
     return refuse(Status::InvalidRequest, *err);
   }
+  if (d.flags & ipc::kFlagReleaseSources) return release_sources(p);
   if (engine_ && (d.op == OpType::Send || d.op == OpType::Recv)) {
     const Communicator* comm = matcher_.find(d.comm_id);
     if (comm->slots[static_cast<std::size_t>(d.root)] < 0) {
@@ -446,6 +447,7 @@ void Daemon::resolve(std::vector<Match> matches) {
       m.status = Status::Mismatch;
       m.error = *err;
     }
+    if (m.status == Status::Ok && m.comm && send_sources(m)) continue;
     if (m.status == Status::Ok && m.comm && m.posted.front().desc.op != OpType::CommCreate) {
       std::uint64_t bytes = 0;
       std::optional<std::string> err;
@@ -590,6 +592,46 @@ std::optional<std::string> Daemon::send_plans(const Match& m) {
     if (!push_completion(to.slot, c)) return std::nullopt;
   }
   return std::nullopt;
+}
+
+bool Daemon::send_sources(const Match& m) {
+  if (!config_.direct_read_min_bytes) return false;
+  const auto sources = arena_sources(m, *config_.direct_read_min_bytes);
+  if (!sources) return false;
+  // Expected before any member hears of it: its release may come at once.
+  source_releases_.expect(m);
+  ++collectives_done_;
+  ++direct_read_ops_;
+  const auto& d0 = m.posted.front().desc;
+  for (std::size_t r = 0; r < m.posted.size(); ++r) {
+    const Posted& p = m.posted[r];
+    const auto& mine = (*sources)[r];
+    ipc::CompletionDesc c;
+    c.request_id = p.desc.request_id;
+    c.comm_id = p.desc.comm_id;
+    c.seq = p.desc.seq;
+    c.kind = ipc::CompletionKind::Sources;
+    ipc::SourcesHeader h;
+    h.chunk_offset = d0.chunk_offset;
+    h.count = static_cast<std::uint32_t>(mine.size());
+    h.op = d0.op;
+    c.set_sources_header(h);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      c.set_source(i, mine[i]);
+      bytes_moved_ += mine[i].bytes;
+      bw_window_bytes_ += mine[i].bytes;
+    }
+    auto& info = ranks_[static_cast<std::size_t>(p.slot)];
+    if (info.pending) --info.pending;
+    if (!push_completion(p.slot, c)) break;  // the job failed, which answered the releases
+  }
+  return true;
+}
+
+void Daemon::release_sources(const Posted& p) {
+  auto r = source_releases_.release(p);
+  if (auto* why = std::get_if<std::string>(&r)) return complete(p, Status::InvalidRequest, *why);
+  for (const auto& done : std::get<std::vector<Posted>>(r)) complete(done, Status::Ok, {});
 }
 
 bool Daemon::push_completion(int slot_index, const ipc::CompletionDesc& c) {
@@ -767,6 +809,8 @@ void Daemon::on_rank_exit(const RankExit& ex) {
     spdlog::info("{}", what);
     exited_slots_.push_back(ex.local_rank);
     resolve(matcher_.fail_waiting_for(ex.local_rank, Status::PeerFailed, what + " while others wait for it"));
+    // It reads no member's arena any more.
+    for (const auto& p : source_releases_.drop_slot(ex.local_rank)) complete(p, Status::Ok, {});
   } else {
     spdlog::error("{}", what);
     fail_job(what, exit_code_of(ex.wait_status));
@@ -787,6 +831,7 @@ void Daemon::fail_job(const std::string& error, int exit_code) {
     errors_.push_back({{"time", iso_now()}, {"message", error}});
   }
   resolve(matcher_.fail_all(Status::PeerFailed, error));
+  for (const auto& p : source_releases_.take_all()) complete(p, Status::PeerFailed, error);
   if (gpu_) gpu_->abort_pending();  // GPU path: release rank streams waiting for promised work
   if (engine_) {
     engine_->announce_failure(error, exit_code_);
@@ -851,6 +896,9 @@ void Daemon::update_status(Clock::time_point now) {
              {"kernel_launches", gpu.value("kernel_launches", std::uint64_t{0})},  // the daemon's and the ranks'
              {"gpu", gpu},
              {"recent_bandwidth_gbps", recent_gbps_},
+             // Host chunks whose ranks copied their outputs from the members' arenas, and those
+             // whose regions wait for a member's release (stuck ones would fill the arenas).
+             {"direct_reads", {{"chunks", direct_read_ops_}, {"awaiting_release", source_releases_.pending()}}},
              {"internode", internode_status()},
              {"stalls", std::move(stalls)},
              {"job_error", job_error_}};

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/config.hpp"
+#include "daemon/arena_sources.hpp"
 #include "daemon/host_executor.hpp"
 #include "daemon/internode/engine.hpp"
 #include "daemon/matcher.hpp"
@@ -117,6 +118,13 @@ class Daemon {
   std::optional<std::string> send_plans(const Match& m);
   // Pushes a completion to `slot`'s ring (waiting briefly if that ring is full).
   bool push_completion(int slot, const ipc::CompletionDesc& c);
+  // Host collectives that only move bytes: answers every member with where its output blocks
+  // are (daemon/arena_sources.hpp). False when `m` runs the usual way instead.
+  bool send_sources(const Match& m);
+  // A member finished reading a chunk's sources (kFlagReleaseSources).
+  void release_sources(const Posted& p);
+  SourceReleases source_releases_;
+  std::uint64_t direct_read_ops_ = 0;  // chunks whose ranks read the members' arenas
   // Which IPC handle each receiving slot was last sent for (owner slot, allocation id).
   std::map<std::tuple<int, int, std::uint64_t>, std::array<std::uint8_t, ipc::kCudaIpcHandleBytes>> handles_sent_;
   // Reads the allocations `slot` freed (RankSlot::released_ids): each receiver that was sent

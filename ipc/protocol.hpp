@@ -69,9 +69,21 @@ inline constexpr std::uint32_t kFlagRankFast = 1u << 8;
 // The fast-op number of a rank whose fast path is off after a failure: a match with it fails,
 // which makes the other members release their kernels and stop taking the path too.
 inline constexpr std::uint64_t kFastSeqOff = ~std::uint64_t{0};
+// Host path: this rank can copy its part of the output from the members' arenas itself
+// (CompletionKind::Sources) instead of from its own output region after the daemon's copies.
+// The daemon answers so when every member of the chunk set it and the collective only moves
+// bytes (allgather, broadcast, gather, scatter, even alltoall) within one node; otherwise it
+// ignores the flag.
+inline constexpr std::uint32_t kFlagReadSources = 1u << 9;
+// The rank finished reading the sources of chunk (comm_id, seq, chunk_offset) that a Sources
+// completion named. It carries no buffers. The daemon answers it once every member of that
+// chunk has sent its own: only then may a member reuse the chunk's arena region, which the
+// others read until they are done.
+inline constexpr std::uint32_t kFlagReleaseSources = 1u << 10;
 inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
                                              kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait |
-                                             kFlagRankExec | kFlagRankFast;
+                                             kFlagRankExec | kFlagRankFast | kFlagReadSources |
+                                             kFlagReleaseSources;
 
 struct RequestDesc {
   std::uint64_t request_id = 0;  // client-chosen, echoed in the completion
@@ -105,7 +117,25 @@ enum class CompletionKind : std::uint8_t {
   Handles = 1,  // not final: IPC handles of peers' allocations (PlanHandle[]) and the
                 // allocations they freed (kPlanHandleReleased), a plan follows
   Plan = 2,     // final, status Ok: the members' buffers (PlanHeader, PlanMember[])
+  Sources = 3,  // final, status Ok (kFlagReadSources): copy the output blocks from the members'
+                // arenas (SourcesHeader, ArenaSource[] in output-block order), then release them
 };
+
+// A Sources completion's payload, in its error bytes: where each block of the receiver's
+// output is in the members' arenas, and the chunk the release must name.
+struct SourcesHeader {
+  std::uint64_t chunk_offset = 0;  // echoed in the kFlagReleaseSources request, with the op
+  std::uint32_t count = 0;         // ArenaSource entries that follow
+  OpType op = OpType::Barrier;
+  std::uint8_t reserved[3] = {};
+};
+struct ArenaSource {
+  std::int32_t slot = -1;  // whose arena (local rank)
+  std::uint32_t reserved = 0;
+  std::uint64_t offset = 0;  // bytes into that arena
+  std::uint64_t bytes = 0;
+};
+inline constexpr std::size_t kMaxArenaSources = (kErrorTextBytes - sizeof(SourcesHeader)) / sizeof(ArenaSource);
 
 // Rank-side plans live in the completion's error bytes (unused on success).
 inline constexpr int kPlanMaxMembers = 8;
@@ -189,6 +219,20 @@ struct CompletionDesc {
   }
   void set_plan_split(int i, const PlanSplit& x) noexcept {
     std::memcpy(error + kPlanSplitsOffset + static_cast<std::size_t>(i) * sizeof x, &x, sizeof x);
+  }
+  SourcesHeader sources_header() const noexcept {
+    SourcesHeader h;
+    std::memcpy(&h, error, sizeof h);
+    return h;
+  }
+  void set_sources_header(const SourcesHeader& h) noexcept { std::memcpy(error, &h, sizeof h); }
+  ArenaSource source(std::size_t i) const noexcept {
+    ArenaSource x;
+    std::memcpy(&x, error + sizeof(SourcesHeader) + i * sizeof x, sizeof x);
+    return x;
+  }
+  void set_source(std::size_t i, const ArenaSource& x) noexcept {
+    std::memcpy(error + sizeof(SourcesHeader) + i * sizeof x, &x, sizeof x);
   }
   PlanHandle plan_handle(int i) const noexcept {
     PlanHandle h;

@@ -26,8 +26,8 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 5;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
-                                                    // 5: released allocations
+inline constexpr std::uint32_t kLayoutVersion = 6;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+                                                    // 5: released allocations; 6: reads from the members' arenas
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;

@@ -89,6 +89,13 @@ std::optional<DType> parse_dtype(std::string_view name) noexcept;
 std::optional<ReduceOp> parse_reduce_op(std::string_view name) noexcept;
 std::optional<OpType> parse_op_type(std::string_view name) noexcept;
 
+// Collectives that only move bytes: on the host path within a node their ranks may copy
+// their outputs straight from the members' arenas (kFlagReadSources).
+constexpr bool reads_sources(OpType op) noexcept {
+  return op == OpType::AllGather || op == OpType::Broadcast || op == OpType::Gather || op == OpType::Scatter ||
+         op == OpType::AllToAll;
+}
+
 // Whether `op` is defined for `t` (bitwise ops only for integers and bool; PREMUL_SUM and AVG
 // only for floating types, as NCCL).
 bool reduce_op_supported(ReduceOp op, DType t) noexcept;

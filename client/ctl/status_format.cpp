@@ -231,6 +231,9 @@ std::string format_status_text(const json& status) {
       out << "-";
     out << " kept for reuse\n";
   }
+  if (const json* dr = field(status, "direct_reads"); dr && dr->is_object() && number(*dr, "chunks").value_or(0) > 0)
+    out << "  direct reads:  " << text(*dr, "chunks") << " host chunks copied by the ranks from the members' arenas, "
+        << text(*dr, "awaiting_release") << " awaiting release\n";
   out << "  bytes moved:   ";
   if (auto b = number(status, "bytes_moved"))
     out << format_bytes(*b);
@@ -350,17 +353,24 @@ std::string format_prometheus(const std::vector<NodeStatus>& nodes) {
   scalar("smddp_bytes_moved_total", "counter", "Bytes the daemon moved for collectives.", from("bytes_moved"));
   scalar("smddp_kernel_launches_total", "counter", "GPU kernels the daemon launched.", from("kernel_launches"));
   scalar("smddp_recent_bandwidth_gbps", "gauge", "Recent collective bandwidth in GB/s.", from("recent_bandwidth_gbps"));
-  const auto internode = [](const char* key) {
-    return [key](const json& s) -> std::optional<double> {
-      const json* inter = field(s, "internode");
-      if (inter == nullptr || !inter->is_object()) return std::nullopt;
-      return number(*inter, key);
+  const auto nested = [](const char* section, const char* key) {
+    return [section, key](const json& s) -> std::optional<double> {
+      const json* sub = field(s, section);
+      if (sub == nullptr || !sub->is_object()) return std::nullopt;
+      return number(*sub, key);
     };
   };
+  scalar("smddp_direct_read_chunks_total", "counter",
+         "Host chunks whose ranks copied their outputs straight from the members' arenas.",
+         nested("direct_reads", "chunks"));
+  scalar("smddp_direct_read_awaiting_release", "gauge",
+         "Host chunks whose arena regions wait for a member to finish reading them.",
+         nested("direct_reads", "awaiting_release"));
   scalar("smddp_internode_operations_in_flight", "gauge", "Operations across nodes in flight on this node.",
-         internode("operations_in_flight"));
+         nested("internode", "operations_in_flight"));
   scalar("smddp_internode_staging_bytes_kept", "gauge",
-         "Bytes of staging buffers for operations across nodes kept for reuse.", internode("staging_bytes_kept"));
+         "Bytes of staging buffers for operations across nodes kept for reuse.",
+         nested("internode", "staging_bytes_kept"));
   scalar("smddp_ranks", "gauge", "Local ranks the daemon knows.", [](const json& s) -> std::optional<double> {
     if (field(s, "ranks") != nullptr) return static_cast<double>(array(s, "ranks").size());
     return number(s, "local_world_size");

@@ -61,6 +61,7 @@ void expect_builtin_defaults(const DaemonConfig& c) {
   EXPECT_EQ(c.log_level, d.log_level);
   EXPECT_EQ(c.fabric_provider, d.fabric_provider);
   EXPECT_EQ(c.fabric_interface, d.fabric_interface);
+  EXPECT_EQ(c.direct_read_min_bytes, d.direct_read_min_bytes);
 }
 
 TEST(DaemonConfig, BuiltInDefaults) {
@@ -76,6 +77,16 @@ TEST(DaemonConfig, BuiltInDefaults) {
   EXPECT_EQ(c.log_level, "info");
   EXPECT_EQ(c.fabric_provider, "tcp;ofi_rxm");
   EXPECT_EQ(c.fabric_interface, "lo");
+  EXPECT_EQ(c.direct_read_min_bytes, std::optional<std::uint64_t>(8ull << 10));
+}
+
+TEST(DaemonConfig, DirectReadBoundTakesKibOrOff) {
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.direct_read_min_kib=0"}).direct_read_min_bytes, std::optional<std::uint64_t>(0));
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.direct_read_min_kib=256"}).direct_read_min_bytes,
+            std::optional<std::uint64_t>(256ull << 10));
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.direct_read_min_kib=off"}).direct_read_min_bytes, std::nullopt);
+  expect_invalid("", {"daemon.direct_read_min_kib=-1"}, {"daemon.direct_read_min_kib"});
+  expect_invalid("", {"daemon.direct_read_min_kib=never"}, {"daemon.direct_read_min_kib"});
 }
 
 TEST(DaemonConfig, DefaultIniMatchesTheBuiltInDefaults) {

@@ -1,0 +1,202 @@
+// arena_sources: for every collective that only moves bytes, the blocks a rank copies from the
+// sources must be exactly what the daemon's own copies (HostExecutor::run) write into its
+// output region; and SourceReleases answers a chunk's releases only once every member released.
+#include "daemon/arena_sources.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "tests/daemon/host_node.hpp"
+
+namespace smddp::daemon {
+namespace {
+
+using namespace test_node;
+
+constexpr std::uint64_t kInputStride = 64ull << 10;  // rank r's input starts r strides into its arena
+
+// `m` with every member offering to read sources and its input moved r strides in, filled
+// with bytes that name the rank and the position.
+Match offered(Node& node, Match m, std::uint64_t in_bytes) {
+  for (auto& p : m.posted) {
+    p.desc.flags |= ipc::kFlagReadSources;
+    if (p.desc.input.bytes == 0) continue;
+    p.desc.input.offset = static_cast<std::uint64_t>(p.slot) * kInputStride;
+    auto* in = node.input<std::uint8_t>(p.slot) + p.desc.input.offset;
+    for (std::uint64_t i = 0; i < in_bytes; ++i) in[i] = static_cast<std::uint8_t>(p.slot * 37 + i * 7);
+  }
+  return m;
+}
+
+// What rank r's client would copy into its output, block after block.
+std::vector<std::uint8_t> apply(Node& node, const std::vector<ipc::ArenaSource>& sources) {
+  std::vector<std::uint8_t> out;
+  for (const auto& s : sources) {
+    const auto* from = node.input<std::uint8_t>(s.slot) + s.offset;
+    out.insert(out.end(), from, from + s.bytes);
+  }
+  return out;
+}
+
+struct Case {
+  const char* name;
+  OpType op;
+  int root;
+  std::uint64_t in_blocks_root, in_blocks_other;    // blocks of input per rank
+  std::uint64_t out_blocks_root, out_blocks_other;  // blocks of output the rank copies
+};
+
+TEST(ArenaSources, SourcesGiveExactlyWhatTheDaemonsCopiesWrite) {
+  const int n = 3;
+  const std::uint64_t c = 40;  // elements per block (float32)
+  const std::uint64_t blk = c * 4;
+  const Case cases[] = {
+      {"allgather", OpType::AllGather, 0, 1, 1, n, n},
+      {"broadcast", OpType::Broadcast, 1, 1, 0, 0, 1},
+      {"gather", OpType::Gather, 2, 1, 1, n, 0},
+      {"scatter", OpType::Scatter, 1, n, 0, 1, 1},
+      {"alltoall", OpType::AllToAll, 0, n, n, n, n},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.name);
+    Node node(n, 1);
+    Match m = node.match(desc(k.op, DType::Float32, c, ReduceOp::Sum, k.root), 0, 0);
+    for (auto& p : m.posted) {
+      const bool root = p.group_rank == k.root;
+      p.desc.input = {ipc::BufferKind::Arena, {}, 0, (root ? k.in_blocks_root : k.in_blocks_other) * blk};
+      p.desc.output = {ipc::BufferKind::Arena, {}, kOutOffset, (root ? k.out_blocks_root : k.out_blocks_other) * blk};
+      if (p.desc.input.bytes == 0) p.desc.input.kind = ipc::BufferKind::None;
+    }
+    m = offered(node, std::move(m), n * blk);
+    const auto sources = arena_sources(m, 0);
+    ASSERT_TRUE(sources);
+    ASSERT_EQ(sources->size(), static_cast<std::size_t>(n));
+    std::uint64_t bytes = 0;
+    ASSERT_FALSE(node.run(m, bytes));  // the reference: the daemon's copies into the output regions
+    for (int r = 0; r < n; ++r) {
+      const auto& mine = (*sources)[static_cast<std::size_t>(r)];
+      const std::uint64_t want_blocks = r == k.root ? k.out_blocks_root : k.out_blocks_other;
+      ASSERT_EQ(mine.size(), want_blocks) << "rank " << r;
+      for (const auto& s : mine) EXPECT_EQ(s.bytes, blk);
+      const auto got = apply(node, mine);
+      ASSERT_EQ(got.size(), want_blocks * blk);
+      EXPECT_EQ(std::memcmp(got.data(), node.output<std::uint8_t>(r), got.size()), 0) << "rank " << r;
+    }
+  }
+}
+
+TEST(ArenaSources, OnlyWhenEveryMemberOfferedAndTheOpOnlyMovesBytes) {
+  const int n = 2;
+  const std::uint64_t c = 16;
+  Node node(n, 1);
+  const auto allgather = [&] { return offered(node, node.match(desc(OpType::AllGather, DType::Float32, c), c * 4, c * 8), c * 4); };
+  EXPECT_TRUE(arena_sources(allgather(), 0));
+
+  Match one_did_not = allgather();
+  one_did_not.posted[1].desc.flags &= ~ipc::kFlagReadSources;
+  EXPECT_FALSE(arena_sources(one_did_not, 0));
+
+  // Reductions need the daemon's arithmetic.
+  EXPECT_FALSE(arena_sources(offered(node, node.match(desc(OpType::AllReduce, DType::Float32, c), c * 4, c * 4), c * 4), 0));
+  EXPECT_FALSE(arena_sources(offered(node, node.match(desc(OpType::ReduceScatter, DType::Float32, c), c * 8, c * 4), c * 8), 0));
+  // Split tables are checked and applied by the daemon.
+  Match splits = offered(node, node.match(desc(OpType::AllToAll, DType::Float32, c), c * 8, c * 8), c * 8);
+  for (auto& p : splits.posted) p.desc.flags |= ipc::kFlagSplits;
+  EXPECT_FALSE(arena_sources(splits, 0));
+  // Nothing to read.
+  EXPECT_FALSE(arena_sources(offered(node, node.match(desc(OpType::AllGather, DType::Float32, 0), 0, 0), 0), 0));
+}
+
+TEST(ArenaSources, BelowTheBoundTheDaemonCopies) {
+  const int n = 2;
+  const std::uint64_t c = 16;  // each rank copies n * c * 4 = 128 bytes
+  Node node(n, 1);
+  const Match m = offered(node, node.match(desc(OpType::AllGather, DType::Float32, c), c * 4, c * 8), c * 4);
+  EXPECT_TRUE(arena_sources(m, 128));
+  EXPECT_FALSE(arena_sources(m, 129));
+}
+
+Posted member(int slot, std::uint64_t seq, std::uint64_t chunk_offset = 0) {
+  Posted p;
+  p.slot = p.group_rank = slot;
+  p.desc.op = OpType::AllGather;
+  p.desc.comm_id = 7;
+  p.desc.seq = seq;
+  p.desc.chunk_offset = chunk_offset;
+  p.desc.flags = ipc::kFlagReleaseSources;
+  return p;
+}
+
+Match chunk_of(int n, std::uint64_t seq, std::uint64_t chunk_offset = 0) {
+  Match m;
+  for (int s = 0; s < n; ++s) m.posted.push_back(member(s, seq, chunk_offset));
+  return m;
+}
+
+std::vector<Posted> answered(std::variant<std::vector<Posted>, std::string> r) {
+  if (auto* why = std::get_if<std::string>(&r)) {
+    ADD_FAILURE() << *why;
+    return {};
+  }
+  return std::get<std::vector<Posted>>(std::move(r));
+}
+
+TEST(SourceReleases, AChunkIsAnsweredOnlyOnceEveryMemberReleasedIt) {
+  SourceReleases rel;
+  rel.expect(chunk_of(3, 5));
+  rel.expect(chunk_of(3, 5, 1024));  // another chunk of the same op is its own
+  EXPECT_EQ(rel.pending(), 2u);
+  EXPECT_TRUE(answered(rel.release(member(2, 5))).empty());
+  EXPECT_TRUE(answered(rel.release(member(0, 5))).empty());
+  EXPECT_TRUE(answered(rel.release(member(0, 5, 1024))).empty());
+  const auto done = answered(rel.release(member(1, 5)));
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_EQ(done[0].slot, 2);
+  EXPECT_EQ(done[1].slot, 0);
+  EXPECT_EQ(done[2].slot, 1);
+  EXPECT_EQ(rel.pending(), 1u);
+}
+
+TEST(SourceReleases, ASecondOrUnknownReleaseIsRefusedNamingTheChunk) {
+  SourceReleases rel;
+  rel.expect(chunk_of(2, 9));
+  EXPECT_TRUE(answered(rel.release(member(0, 9))).empty());
+  auto twice = rel.release(member(0, 9));
+  ASSERT_TRUE(std::holds_alternative<std::string>(twice));
+  EXPECT_NE(std::get<std::string>(twice).find("operation #9"), std::string::npos) << std::get<std::string>(twice);
+  EXPECT_TRUE(std::holds_alternative<std::string>(rel.release(member(1, 10))));
+  EXPECT_EQ(answered(rel.release(member(1, 9))).size(), 2u);  // the first two; the refused one is not among them
+  EXPECT_EQ(rel.pending(), 0u);
+}
+
+TEST(SourceReleases, AMemberThatLeftIsNotWaitedFor) {
+  SourceReleases rel;
+  rel.expect(chunk_of(3, 1));
+  rel.expect(chunk_of(3, 2));
+  EXPECT_TRUE(answered(rel.release(member(0, 1))).empty());
+  EXPECT_TRUE(answered(rel.release(member(2, 1))).empty());
+  EXPECT_TRUE(answered(rel.release(member(2, 2))).empty());
+  // Slot 1 leaves: chunk 1 waited only for it; chunk 2 still waits for slot 0. Slot 2 released
+  // chunk 2 but leaves too: nobody is answered for it.
+  const auto done = rel.drop_slot(1);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(rel.pending(), 1u);
+  EXPECT_TRUE(rel.drop_slot(2).empty());
+  EXPECT_EQ(answered(rel.release(member(0, 2))).size(), 1u);
+  EXPECT_EQ(rel.pending(), 0u);
+}
+
+TEST(SourceReleases, TakeAllHandsBackEveryWaitingRelease) {
+  SourceReleases rel;
+  rel.expect(chunk_of(2, 1));
+  rel.expect(chunk_of(2, 2));
+  EXPECT_TRUE(answered(rel.release(member(0, 1))).empty());
+  EXPECT_TRUE(answered(rel.release(member(1, 2))).empty());
+  EXPECT_EQ(rel.take_all().size(), 2u);
+  EXPECT_EQ(rel.pending(), 0u);
+}
+
+}  // namespace
+}  // namespace smddp::daemon
