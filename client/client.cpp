@@ -193,8 +193,6 @@ void ClientImpl::detach() {
     if (detached_) return;
     detached_ = true;
     stop_ = true;
-    // The other members may reuse their regions once they have this rank's releases.
-    if (post_releases_locked()) segment_.header().daemon_bell.ring();
     fail_all_locked(Status::Shutdown, "this rank detached from smddp before the operation finished", callbacks);
   }
   work_cv_.notify_all();
@@ -209,7 +207,6 @@ ClientImpl::~ClientImpl() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
-    if (post_releases_locked()) segment_.header().daemon_bell.ring();
   }
   work_cv_.notify_all();
   slot_.client_bell.ring();
@@ -281,9 +278,7 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
 }
 
 bool ClientImpl::submit_chunk_locked(OpState& op) {
-  // Every request in flight gets one completion: they must all fit in the completion ring.
-  if (inflight_.size() + outbox_.size() + releases_.size() + release_outbox_.size() >= ipc::kCompletionRingCapacity)
-    return false;
+  if (inflight_.size() + outbox_.size() >= ipc::kCompletionRingCapacity) return false;
   const std::uint64_t k = op.next_;
   const auto& p = op.plan_;
   const std::uint64_t cc = op.chunk_count(k);
@@ -292,7 +287,13 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
   const std::uint64_t bytes = op.stage_bytes(k);
   if (p.device) return submit_device_locked(op);
   auto at = alloc_.allocate(bytes);
-  if (!at) return false;
+  if (!at && reap_read_held_locked()) at = alloc_.allocate(bytes);
+  if (!at) {
+    // Regions other ranks still read may come back soon: their copies ring our bell.
+    if (!read_held_.empty()) slot_.waits_for_readers.store(1, std::memory_order_seq_cst);
+    return false;
+  }
+  slot_.waits_for_readers.store(0, std::memory_order_relaxed);
 
   ipc::RequestDesc d = p.base;
   d.request_id = next_request_id_++;
@@ -362,19 +363,8 @@ void ClientImpl::post_or_stage_locked(Staged s) {
   outbox_.push_back(std::move(s));
 }
 
-bool ClientImpl::post_releases_locked() {
-  bool pushed = false;
-  while (!release_outbox_.empty() && slot_.requests.try_push(release_outbox_.front())) {
-    release_outbox_.pop_front();
-    pushed = true;
-  }
-  return pushed;
-}
-
 bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
-  // Releases first: other members wait for them to reuse their regions.
-  bool pushed = post_releases_locked();
-  pushed = std::exchange(posted_, false) || pushed;
+  bool pushed = std::exchange(posted_, false);
   bool collectives_wait = false;           // an earlier collective chunk is still copying in
   std::vector<const OpState*> p2p_waiting;  // sends/receives with an earlier chunk copying in
   const OpState* checked = nullptr;         // the last op whose copier was asked for errors
@@ -642,23 +632,18 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
   // Completions and finished copies first: they free arena space for submissions.
   complete_locked(callbacks);
   reap_draining_locked();
+  if (!read_held_.empty()) reap_read_held_locked();
   submit_queued_locked(callbacks);
 }
 
 void ClientImpl::complete_locked(Deferred& callbacks) {
   ipc::CompletionDesc c;
   while (slot_.completions.try_pop(c) == ipc::SpscRing<ipc::CompletionDesc, ipc::kCompletionRingCapacity>::PopResult::Item) {
-    if (auto r = releases_.find(c.request_id); r != releases_.end()) {
-      // A chunk's release answered: no member reads this rank's region any more.
-      if (r->second != kNoRegion) alloc_.free(r->second);
-      releases_.erase(r);
-      continue;
-    }
     auto it = inflight_.find(c.request_id);
     if (it == inflight_.end()) {
       // Answered after we gave up on it (its region stays allocated); the other members still
-      // need to hear that this rank reads nothing of theirs.
-      if (c.kind == ipc::CompletionKind::Sources) release_sources_locked(c, kNoRegion);
+      // wait for this rank's count to pass it.
+      if (c.kind == ipc::CompletionKind::Sources) sources_copied_locked(c, kNoRegion);
       continue;
     }
     if (it->second.op->plan_.rank_exec) {
@@ -683,7 +668,7 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
           op.next_ = op.nchunks_;  // submit no more of it
         }
       }
-      release_sources_locked(c, inf.offset);  // the region is freed once the release is answered
+      sources_copied_locked(c, inf.offset);  // the region is freed once every reader is done
     } else if (c.status == Status::Ok && op.plan_.device) {
       op.daemon_value_.store(c.daemon_value, std::memory_order_release);
       op.daemon_event_.store(c.daemon_event, std::memory_order_release);
@@ -739,7 +724,7 @@ std::optional<std::string> ClientImpl::copy_sources_locked(OpState& op, const In
   const auto bad = [&](const std::string& why) {
     return std::string(ipc::to_string(p.base.op)) + ": the smddp daemon named arena sources that " + why;
   };
-  if (h.count != p.out_blocks || h.count > ipc::kMaxArenaSources)
+  if (h.count != p.out_blocks || h.count > ipc::kMaxSourceMembers || h.readers > ipc::kMaxSourceMembers)
     return bad("list " + std::to_string(h.count) + " blocks where this rank's output has " +
                std::to_string(p.out_blocks) + " per chunk");
   for (std::uint32_t b = 0; b < h.count; ++b) {
@@ -757,22 +742,55 @@ std::optional<std::string> ClientImpl::copy_sources_locked(OpState& op, const In
   return std::nullopt;
 }
 
-void ClientImpl::release_sources_locked(const ipc::CompletionDesc& c, std::uint64_t region) {
+void ClientImpl::sources_copied_locked(const ipc::CompletionDesc& c, std::uint64_t region) {
   const auto h = c.sources_header();
-  ipc::RequestDesc d;
-  d.request_id = next_request_id_++;
-  d.comm_id = c.comm_id;
-  d.seq = c.seq;
-  d.op = h.op;
-  d.flags = ipc::kFlagReleaseSources;
-  d.chunk_offset = h.chunk_offset;
-  releases_.emplace(d.request_id, region);
-  if (release_outbox_.empty() && slot_.requests.try_push(d)) {
-    posted_ = true;
-  } else {
-    release_outbox_.push_back(d);
-    work_cv_.notify_one();  // the progress thread posts it if nobody else drives progress
+  const std::uint32_t count = std::min<std::uint32_t>(h.count, ipc::kMaxSourceMembers);
+  const std::uint32_t readers = std::min<std::uint32_t>(h.readers, ipc::kMaxSourceMembers);
+  // Our copies are done before the count says so. An owner that waits for space hears of it.
+  slot_.sources_done.fetch_add(1, std::memory_order_seq_cst);
+  for (std::uint32_t b = 0; b < count; ++b) {
+    const int owner = c.source(b).slot;
+    if (owner == local_rank_ || owner < 0 || owner >= local_world_size_) continue;
+    auto& o = segment_.slot(owner);
+    if (o.waits_for_readers.load(std::memory_order_seq_cst)) o.client_bell.ring();
   }
+  if (region == kNoRegion) return;
+  ReadHeld held{region, {}};
+  for (std::uint32_t i = 0; i < readers; ++i) {
+    const auto x = c.source_reader(count, i);
+    if (x.slot >= 0 && x.slot < local_world_size_ && x.slot != local_rank_) held.readers.push_back(x);
+  }
+  if (held.readers.empty()) alloc_.free(region);
+  else read_held_.push_back(std::move(held));
+}
+
+bool ClientImpl::reap_read_held_locked() {
+  const auto before = read_held_.size();
+  std::erase_if(read_held_, [&](const ReadHeld& h) {
+    const bool done = std::all_of(h.readers.begin(), h.readers.end(), [&](const ipc::SourceReader& x) {
+      const auto& peer = segment_.slot(x.slot);
+      // A reader that left reads nothing any more.
+      const auto st = static_cast<ipc::SlotState>(peer.state.load(std::memory_order_acquire));
+      return peer.sources_done.load(std::memory_order_acquire) >= x.seq || st == ipc::SlotState::Exited ||
+             st == ipc::SlotState::Failed;
+    });
+    if (done) alloc_.free(h.offset);
+    return done;
+  });
+  return read_held_.size() != before;
+}
+
+bool ClientImpl::held_regions_free() {
+  if (!slot_.waits_for_readers.load(std::memory_order_acquire)) return false;
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return false;
+  return std::any_of(read_held_.begin(), read_held_.end(), [&](const ReadHeld& h) {
+    return std::all_of(h.readers.begin(), h.readers.end(), [&](const ipc::SourceReader& x) {
+      const auto st = static_cast<ipc::SlotState>(segment_.slot(x.slot).state.load(std::memory_order_acquire));
+      return segment_.slot(x.slot).sources_done.load(std::memory_order_acquire) >= x.seq ||
+             st == ipc::SlotState::Exited || st == ipc::SlotState::Failed;
+    });
+  });
 }
 
 void ClientImpl::submit_queued_locked(Deferred& callbacks) {
@@ -836,8 +854,7 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& st : outbox_) drop_staged_locked(st, callbacks, false);
   outbox_.clear();
   inflight_.clear();
-  releases_.clear();
-  release_outbox_.clear();
+  read_held_.clear();
 }
 
 bool ClientImpl::check_liveness_locked(Deferred& callbacks) {
@@ -894,7 +911,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
   std::uint64_t wakes = 0;  // copier fences seen passed as of the last progress step
   const auto ready = [&] {
     return op.done() || !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
-           copies_in_finished();
+           copies_in_finished() || held_regions_free();
   };
   while (!op.done()) {
     wakes = waker_->count.load(std::memory_order_acquire);
@@ -954,11 +971,11 @@ void ClientImpl::progress_thread() {
     // Once the GPU fast path is in use nobody waits for its ops on the CPU: this thread
     // finishes them, and stays on the completion doorbell between them, so that issuing
     // one does not have to wake it.
-    work_cv_.wait(lk, [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_ || !release_outbox_.empty())); });
+    work_cv_.wait(lk, [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_)); });
     if (stop_) return;
     const auto wakes = waker_->count.load(std::memory_order_acquire);
     progress_locked(callbacks);
-    const bool idle = active_ == 0 && !fast_seen_ && release_outbox_.empty();
+    const bool idle = active_ == 0 && !fast_seen_;
     // Chunks wait for their copies in: spin a little first, as a waiting user thread does, to
     // see them finish before their wake comes.
     const bool copies_due = std::any_of(outbox_.begin(), outbox_.end(), [](const Staged& s) { return s.ticket != 0; });
@@ -968,7 +985,7 @@ void ClientImpl::progress_thread() {
     if (!idle) {
       const auto ready = [&] {
         return !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
-               (copies_due && copies_in_finished());
+               (copies_due && copies_in_finished()) || held_regions_free();
       };
       ipc::spin_then_wait(slot_.client_bell, ready, Clock::now() + kSlice,
                           copies_due ? kSpin : std::chrono::microseconds(0),

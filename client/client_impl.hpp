@@ -215,15 +215,25 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   };
   std::deque<Staged> outbox_;
   // Host chunks the daemon answered with Sources (daemon/arena_sources.hpp): this rank copied
-  // its output from the members' arenas, and its own region stays theirs to read until the
-  // daemon answers the chunk's release. By the release's request id: the region to free then
-  // (kNoRegion: none, the op had given up on it).
-  std::unordered_map<std::uint64_t, std::uint64_t> releases_;
-  std::deque<ipc::RequestDesc> release_outbox_;  // releases the request ring had no room for
+  // its output from the members' arenas, and its own region of the chunk stays theirs to read
+  // until every reader's RankSlot::sources_done reached the number the daemon gave it.
+  struct ReadHeld {
+    std::uint64_t offset;
+    std::vector<ipc::SourceReader> readers;
+  };
+  std::vector<ReadHeld> read_held_;
+  // While a chunk waits for arena space and regions are held for readers, this rank's
+  // RankSlot::waits_for_readers is set: readers ring its bell, and a waiting thread then looks
+  // whether they are done (held_regions_free).
   // Copies a Sources completion's blocks into the op's output; an error if they do not fit it.
   std::optional<std::string> copy_sources_locked(OpState& op, const Inflight& inf, const ipc::CompletionDesc& c);
-  // Posts (or queues) the release of the chunk that Sources completion `c` named.
-  void release_sources_locked(const ipc::CompletionDesc& c, std::uint64_t region);
+  // This rank answered Sources completion `c` (copied, or gave up on its op): counts it, wakes
+  // the owners of the regions it read, and holds `region` (kNoRegion: none) for the readers.
+  void sources_copied_locked(const ipc::CompletionDesc& c, std::uint64_t region);
+  // Frees the held regions whose readers are all done (or gone); true if any was freed.
+  bool reap_read_held_locked();
+  // For a waiting thread: whether a held region could be freed now (takes the lock only if free).
+  bool held_regions_free();
   // Whether the first staged chunk that waits for its copies in has them finished, found by
   // asking its copier (not yet seen so: true once per chunk). A thread that spins calls it: the
   // CUDA copier's event tells sooner than its wake. Takes the lock only if it is free, and only
@@ -249,8 +259,6 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::shared_ptr<CopyWaker> waker_ = std::make_shared<CopyWaker>();
   bool posted_ = false;  // post_or_stage_locked posted something: the daemon's bell is due
   std::function<void()> arena_release_;  // guarded by mu_
-  // Posts the queued releases the request ring takes now; true if any went.
-  bool post_releases_locked();
   // Posts what the outbox may post now; true if anything went.
   bool flush_outbox_locked(Deferred& callbacks);
   // Posts `s` at once when nothing waits before it and it has no copies to wait for, else

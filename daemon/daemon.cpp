@@ -344,7 +344,6 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
     return refuse(Status::InvalidRequest, *err);
   }
-  if (d.flags & ipc::kFlagReleaseSources) return release_sources(p);
   if (engine_ && (d.op == OpType::Send || d.op == OpType::Recv)) {
     const Communicator* comm = matcher_.find(d.comm_id);
     if (comm->slots[static_cast<std::size_t>(d.root)] < 0) {
@@ -598,11 +597,18 @@ bool Daemon::send_sources(const Match& m) {
   if (!config_.direct_read_min_bytes) return false;
   const auto sources = arena_sources(m, *config_.direct_read_min_bytes);
   if (!sources) return false;
-  // Expected before any member hears of it: its release may come at once.
-  source_releases_.expect(m);
   ++collectives_done_;
   ++direct_read_ops_;
-  const auto& d0 = m.posted.front().desc;
+  // Every member's copy of this chunk, numbered in its own count: a member's region is free
+  // again once every reader's count reached its number.
+  std::vector<ipc::SourceReader> readers;
+  for (const auto& p : m.posted) {
+    if (sources_sent_.size() <= static_cast<std::size_t>(p.slot)) sources_sent_.resize(static_cast<std::size_t>(p.slot) + 1);
+    ipc::SourceReader x;
+    x.slot = p.slot;
+    x.seq = ++sources_sent_[static_cast<std::size_t>(p.slot)];
+    readers.push_back(x);
+  }
   for (std::size_t r = 0; r < m.posted.size(); ++r) {
     const Posted& p = m.posted[r];
     const auto& mine = (*sources)[r];
@@ -612,26 +618,20 @@ bool Daemon::send_sources(const Match& m) {
     c.seq = p.desc.seq;
     c.kind = ipc::CompletionKind::Sources;
     ipc::SourcesHeader h;
-    h.chunk_offset = d0.chunk_offset;
     h.count = static_cast<std::uint32_t>(mine.size());
-    h.op = d0.op;
+    h.readers = static_cast<std::uint32_t>(readers.size());
     c.set_sources_header(h);
     for (std::size_t i = 0; i < mine.size(); ++i) {
       c.set_source(i, mine[i]);
       bytes_moved_ += mine[i].bytes;
       bw_window_bytes_ += mine[i].bytes;
     }
+    for (std::size_t i = 0; i < readers.size(); ++i) c.set_source_reader(mine.size(), i, readers[i]);
     auto& info = ranks_[static_cast<std::size_t>(p.slot)];
     if (info.pending) --info.pending;
-    if (!push_completion(p.slot, c)) break;  // the job failed, which answered the releases
+    if (!push_completion(p.slot, c)) break;  // the job failed
   }
   return true;
-}
-
-void Daemon::release_sources(const Posted& p) {
-  auto r = source_releases_.release(p);
-  if (auto* why = std::get_if<std::string>(&r)) return complete(p, Status::InvalidRequest, *why);
-  for (const auto& done : std::get<std::vector<Posted>>(r)) complete(done, Status::Ok, {});
 }
 
 bool Daemon::push_completion(int slot_index, const ipc::CompletionDesc& c) {
@@ -809,8 +809,6 @@ void Daemon::on_rank_exit(const RankExit& ex) {
     spdlog::info("{}", what);
     exited_slots_.push_back(ex.local_rank);
     resolve(matcher_.fail_waiting_for(ex.local_rank, Status::PeerFailed, what + " while others wait for it"));
-    // It reads no member's arena any more.
-    for (const auto& p : source_releases_.drop_slot(ex.local_rank)) complete(p, Status::Ok, {});
   } else {
     spdlog::error("{}", what);
     fail_job(what, exit_code_of(ex.wait_status));
@@ -831,7 +829,6 @@ void Daemon::fail_job(const std::string& error, int exit_code) {
     errors_.push_back({{"time", iso_now()}, {"message", error}});
   }
   resolve(matcher_.fail_all(Status::PeerFailed, error));
-  for (const auto& p : source_releases_.take_all()) complete(p, Status::PeerFailed, error);
   if (gpu_) gpu_->abort_pending();  // GPU path: release rank streams waiting for promised work
   if (engine_) {
     engine_->announce_failure(error, exit_code_);
@@ -896,14 +893,24 @@ void Daemon::update_status(Clock::time_point now) {
              {"kernel_launches", gpu.value("kernel_launches", std::uint64_t{0})},  // the daemon's and the ranks'
              {"gpu", gpu},
              {"recent_bandwidth_gbps", recent_gbps_},
-             // Host chunks whose ranks copied their outputs from the members' arenas, and those
-             // whose regions wait for a member's release (stuck ones would fill the arenas).
-             {"direct_reads", {{"chunks", direct_read_ops_}, {"awaiting_release", source_releases_.pending()}}},
+             // Host chunks whose ranks copied their outputs from the members' arenas, and the
+             // copies the live ranks were sent but have not made yet (regions still held).
+             {"direct_reads", {{"chunks", direct_read_ops_}, {"copies_behind", sources_behind()}}},
              {"internode", internode_status()},
              {"stalls", std::move(stalls)},
              {"job_error", job_error_}};
   ++status_generation_;
   status_cv_.notify_all();
+}
+
+std::uint64_t Daemon::sources_behind() const {
+  std::uint64_t behind = 0;
+  for (std::size_t s = 0; s < sources_sent_.size(); ++s) {
+    if (ranks_[s].exited) continue;
+    const auto done = segment_.slot(static_cast<int>(s)).sources_done.load(std::memory_order_acquire);
+    if (done < sources_sent_[s]) behind += sources_sent_[s] - done;  // the rank's own count: trusted for display only
+  }
+  return behind;
 }
 
 nlohmann::json Daemon::internode_status() const {

@@ -121,10 +121,10 @@ class Daemon {
   // Host collectives that only move bytes: answers every member with where its output blocks
   // are (daemon/arena_sources.hpp). False when `m` runs the usual way instead.
   bool send_sources(const Match& m);
-  // A member finished reading a chunk's sources (kFlagReleaseSources).
-  void release_sources(const Posted& p);
-  SourceReleases source_releases_;
   std::uint64_t direct_read_ops_ = 0;  // chunks whose ranks read the members' arenas
+  // Sources completions sent to each slot: the n-th is done once its sources_done reaches n.
+  std::vector<std::uint64_t> sources_sent_;
+  std::uint64_t sources_behind() const;  // Sources sent to live ranks that they have not copied yet
   // Which IPC handle each receiving slot was last sent for (owner slot, allocation id).
   std::map<std::tuple<int, int, std::uint64_t>, std::array<std::uint8_t, ipc::kCudaIpcHandleBytes>> handles_sent_;
   // Reads the allocations `slot` freed (RankSlot::released_ids): each receiver that was sent

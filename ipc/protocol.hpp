@@ -75,15 +75,9 @@ inline constexpr std::uint64_t kFastSeqOff = ~std::uint64_t{0};
 // bytes (allgather, broadcast, gather, scatter, even alltoall) within one node; otherwise it
 // ignores the flag.
 inline constexpr std::uint32_t kFlagReadSources = 1u << 9;
-// The rank finished reading the sources of chunk (comm_id, seq, chunk_offset) that a Sources
-// completion named. It carries no buffers. The daemon answers it once every member of that
-// chunk has sent its own: only then may a member reuse the chunk's arena region, which the
-// others read until they are done.
-inline constexpr std::uint32_t kFlagReleaseSources = 1u << 10;
 inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
                                              kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait |
-                                             kFlagRankExec | kFlagRankFast | kFlagReadSources |
-                                             kFlagReleaseSources;
+                                             kFlagRankExec | kFlagRankFast | kFlagReadSources;
 
 struct RequestDesc {
   std::uint64_t request_id = 0;  // client-chosen, echoed in the completion
@@ -118,16 +112,15 @@ enum class CompletionKind : std::uint8_t {
                 // allocations they freed (kPlanHandleReleased), a plan follows
   Plan = 2,     // final, status Ok: the members' buffers (PlanHeader, PlanMember[])
   Sources = 3,  // final, status Ok (kFlagReadSources): copy the output blocks from the members'
-                // arenas (SourcesHeader, ArenaSource[] in output-block order), then release them
+                // arenas (SourcesHeader, ArenaSource[] in output-block order, SourceReader[])
 };
 
-// A Sources completion's payload, in its error bytes: where each block of the receiver's
-// output is in the members' arenas, and the chunk the release must name.
+// A Sources completion's payload, in its error bytes. The receiver copies the blocks, then bumps
+// its RankSlot::sources_done. Its own region of the chunk stays in use, since the others read
+// it, until every reader's sources_done reached its `seq` (or the reader left).
 struct SourcesHeader {
-  std::uint64_t chunk_offset = 0;  // echoed in the kFlagReleaseSources request, with the op
-  std::uint32_t count = 0;         // ArenaSource entries that follow
-  OpType op = OpType::Barrier;
-  std::uint8_t reserved[3] = {};
+  std::uint32_t count = 0;    // ArenaSource entries that follow
+  std::uint32_t readers = 0;  // SourceReader entries after them: every member of the chunk
 };
 struct ArenaSource {
   std::int32_t slot = -1;  // whose arena (local rank)
@@ -135,7 +128,14 @@ struct ArenaSource {
   std::uint64_t offset = 0;  // bytes into that arena
   std::uint64_t bytes = 0;
 };
-inline constexpr std::size_t kMaxArenaSources = (kErrorTextBytes - sizeof(SourcesHeader)) / sizeof(ArenaSource);
+struct SourceReader {
+  std::int32_t slot = -1;
+  std::uint32_t reserved = 0;
+  std::uint64_t seq = 0;  // the reader is done with this chunk once its sources_done >= seq
+};
+// Every member reads (allgather, alltoall) or is read (gather): n sources and n readers.
+inline constexpr std::size_t kMaxSourceMembers =
+    (kErrorTextBytes - sizeof(SourcesHeader)) / (sizeof(ArenaSource) + sizeof(SourceReader));
 
 // Rank-side plans live in the completion's error bytes (unused on success).
 inline constexpr int kPlanMaxMembers = 8;
@@ -233,6 +233,15 @@ struct CompletionDesc {
   }
   void set_source(std::size_t i, const ArenaSource& x) noexcept {
     std::memcpy(error + sizeof(SourcesHeader) + i * sizeof x, &x, sizeof x);
+  }
+  // Reader i, after `sources` ArenaSource entries.
+  SourceReader source_reader(std::size_t sources, std::size_t i) const noexcept {
+    SourceReader x;
+    std::memcpy(&x, error + sizeof(SourcesHeader) + sources * sizeof(ArenaSource) + i * sizeof x, sizeof x);
+    return x;
+  }
+  void set_source_reader(std::size_t sources, std::size_t i, const SourceReader& x) noexcept {
+    std::memcpy(error + sizeof(SourcesHeader) + sources * sizeof(ArenaSource) + i * sizeof x, &x, sizeof x);
   }
   PlanHandle plan_handle(int i) const noexcept {
     PlanHandle h;

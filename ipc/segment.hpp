@@ -108,6 +108,14 @@ struct RankSlot {
   // writer kMaxReleased ahead of it overwrote.
   std::atomic<std::uint64_t> released_count{0};
   std::uint64_t released_ids[kMaxReleased] = {};
+  // Rank -> its peers: how many Sources completions (CompletionKind::Sources) this rank has
+  // answered by copying, in ring order. A member whose region others read frees it once every
+  // reader's count reached the number the daemon gave that reader's copy of the chunk.
+  alignas(64) std::atomic<std::uint64_t> sources_done{0};
+  // Set by this rank while a chunk of its waits for arena space that readers still hold: a
+  // reader that bumps its sources_done then rings this rank's bell (and only then: a ring
+  // would wake a sleeping rank for nothing).
+  std::atomic<std::uint32_t> waits_for_readers{0};
 };
 inline constexpr std::size_t kFlagBlockBytes = 4096;  // >= (kMaxEvents + 1) * 8
 static_assert((kMaxEvents + 1) * 8 <= kFlagBlockBytes);

@@ -105,16 +105,6 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
   if (ctx.group_size < 1 || ctx.group_rank < 0 || ctx.group_rank >= ctx.group_size)
     return bad("the posting rank is not a member of communicator " + std::to_string(r.comm_id));
   if (r.count > kMaxCount) return bad("count " + std::to_string(r.count) + " is too large");
-  if (r.flags & kFlagReleaseSources) {
-    // Names a chunk the daemon answered with Sources (comm_id, seq, chunk_offset); no data.
-    if (r.flags != kFlagReleaseSources) return bad("a release of arena sources takes no other flags");
-    if (!reads_sources(r.op)) return bad("only collectives that move bytes read the members' arenas");
-    if (r.count != 0 || r.chunk_count != 0) return bad("a release of arena sources carries no count");
-    if (r.input.kind != BufferKind::None || r.output.kind != BufferKind::None || r.aux.kind != BufferKind::None)
-      return bad("a release of arena sources carries no buffers");
-    if (r.wait_event != -1) return bad("a release of arena sources carries no CUDA event");
-    return std::nullopt;
-  }
   const bool reduces = r.op == OpType::AllReduce || r.op == OpType::Reduce || r.op == OpType::ReduceScatter;
   if (reduces && !reduce_op_supported(r.reduce_op, r.dtype))
     return bad("reduce op " + std::string(to_string(r.reduce_op)) + " is not defined for " +

@@ -233,7 +233,7 @@ std::string format_status_text(const json& status) {
   }
   if (const json* dr = field(status, "direct_reads"); dr && dr->is_object() && number(*dr, "chunks").value_or(0) > 0)
     out << "  direct reads:  " << text(*dr, "chunks") << " host chunks copied by the ranks from the members' arenas, "
-        << text(*dr, "awaiting_release") << " awaiting release\n";
+        << text(*dr, "copies_behind") << " copies behind\n";
   out << "  bytes moved:   ";
   if (auto b = number(status, "bytes_moved"))
     out << format_bytes(*b);
@@ -363,9 +363,9 @@ std::string format_prometheus(const std::vector<NodeStatus>& nodes) {
   scalar("smddp_direct_read_chunks_total", "counter",
          "Host chunks whose ranks copied their outputs straight from the members' arenas.",
          nested("direct_reads", "chunks"));
-  scalar("smddp_direct_read_awaiting_release", "gauge",
-         "Host chunks whose arena regions wait for a member to finish reading them.",
-         nested("direct_reads", "awaiting_release"));
+  scalar("smddp_direct_read_copies_behind", "gauge",
+         "Copies from the members' arenas the ranks were sent and have not made yet.",
+         nested("direct_reads", "copies_behind"));
   scalar("smddp_internode_operations_in_flight", "gauge", "Operations across nodes in flight on this node.",
          nested("internode", "operations_in_flight"));
   scalar("smddp_internode_staging_bytes_kept", "gauge",

@@ -1,6 +1,6 @@
 // arena_sources: for every collective that only moves bytes, the blocks a rank copies from the
 // sources must be exactly what the daemon's own copies (HostExecutor::run) write into its
-// output region; and SourceReleases answers a chunk's releases only once every member released.
+// output region; and only such collectives, offered by every member, above the bound, take it.
 #include "daemon/arena_sources.hpp"
 
 #include <gtest/gtest.h>
@@ -116,86 +116,6 @@ TEST(ArenaSources, BelowTheBoundTheDaemonCopies) {
   const Match m = offered(node, node.match(desc(OpType::AllGather, DType::Float32, c), c * 4, c * 8), c * 4);
   EXPECT_TRUE(arena_sources(m, 128));
   EXPECT_FALSE(arena_sources(m, 129));
-}
-
-Posted member(int slot, std::uint64_t seq, std::uint64_t chunk_offset = 0) {
-  Posted p;
-  p.slot = p.group_rank = slot;
-  p.desc.op = OpType::AllGather;
-  p.desc.comm_id = 7;
-  p.desc.seq = seq;
-  p.desc.chunk_offset = chunk_offset;
-  p.desc.flags = ipc::kFlagReleaseSources;
-  return p;
-}
-
-Match chunk_of(int n, std::uint64_t seq, std::uint64_t chunk_offset = 0) {
-  Match m;
-  for (int s = 0; s < n; ++s) m.posted.push_back(member(s, seq, chunk_offset));
-  return m;
-}
-
-std::vector<Posted> answered(std::variant<std::vector<Posted>, std::string> r) {
-  if (auto* why = std::get_if<std::string>(&r)) {
-    ADD_FAILURE() << *why;
-    return {};
-  }
-  return std::get<std::vector<Posted>>(std::move(r));
-}
-
-TEST(SourceReleases, AChunkIsAnsweredOnlyOnceEveryMemberReleasedIt) {
-  SourceReleases rel;
-  rel.expect(chunk_of(3, 5));
-  rel.expect(chunk_of(3, 5, 1024));  // another chunk of the same op is its own
-  EXPECT_EQ(rel.pending(), 2u);
-  EXPECT_TRUE(answered(rel.release(member(2, 5))).empty());
-  EXPECT_TRUE(answered(rel.release(member(0, 5))).empty());
-  EXPECT_TRUE(answered(rel.release(member(0, 5, 1024))).empty());
-  const auto done = answered(rel.release(member(1, 5)));
-  ASSERT_EQ(done.size(), 3u);
-  EXPECT_EQ(done[0].slot, 2);
-  EXPECT_EQ(done[1].slot, 0);
-  EXPECT_EQ(done[2].slot, 1);
-  EXPECT_EQ(rel.pending(), 1u);
-}
-
-TEST(SourceReleases, ASecondOrUnknownReleaseIsRefusedNamingTheChunk) {
-  SourceReleases rel;
-  rel.expect(chunk_of(2, 9));
-  EXPECT_TRUE(answered(rel.release(member(0, 9))).empty());
-  auto twice = rel.release(member(0, 9));
-  ASSERT_TRUE(std::holds_alternative<std::string>(twice));
-  EXPECT_NE(std::get<std::string>(twice).find("operation #9"), std::string::npos) << std::get<std::string>(twice);
-  EXPECT_TRUE(std::holds_alternative<std::string>(rel.release(member(1, 10))));
-  EXPECT_EQ(answered(rel.release(member(1, 9))).size(), 2u);  // the first two; the refused one is not among them
-  EXPECT_EQ(rel.pending(), 0u);
-}
-
-TEST(SourceReleases, AMemberThatLeftIsNotWaitedFor) {
-  SourceReleases rel;
-  rel.expect(chunk_of(3, 1));
-  rel.expect(chunk_of(3, 2));
-  EXPECT_TRUE(answered(rel.release(member(0, 1))).empty());
-  EXPECT_TRUE(answered(rel.release(member(2, 1))).empty());
-  EXPECT_TRUE(answered(rel.release(member(2, 2))).empty());
-  // Slot 1 leaves: chunk 1 waited only for it; chunk 2 still waits for slot 0. Slot 2 released
-  // chunk 2 but leaves too: nobody is answered for it.
-  const auto done = rel.drop_slot(1);
-  ASSERT_EQ(done.size(), 2u);
-  EXPECT_EQ(rel.pending(), 1u);
-  EXPECT_TRUE(rel.drop_slot(2).empty());
-  EXPECT_EQ(answered(rel.release(member(0, 2))).size(), 1u);
-  EXPECT_EQ(rel.pending(), 0u);
-}
-
-TEST(SourceReleases, TakeAllHandsBackEveryWaitingRelease) {
-  SourceReleases rel;
-  rel.expect(chunk_of(2, 1));
-  rel.expect(chunk_of(2, 2));
-  EXPECT_TRUE(answered(rel.release(member(0, 1))).empty());
-  EXPECT_TRUE(answered(rel.release(member(1, 2))).empty());
-  EXPECT_EQ(rel.take_all().size(), 2u);
-  EXPECT_EQ(rel.pending(), 0u);
 }
 
 }  // namespace

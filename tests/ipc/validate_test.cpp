@@ -235,27 +235,3 @@ TEST(Validate, ReadingTheMembersArenas) {
   dev.flags = kFlagReadSources;
   EXPECT_TRUE(fails(dev, gpu_ctx(), "only host collectives that move bytes"));
 }
-
-TEST(Validate, ReleasesOfArenaSourcesCarryOnlyTheirChunk) {
-  RequestDesc rel;
-  rel.op = OpType::Scatter;
-  rel.seq = 3;
-  rel.chunk_offset = 4096;  // names the chunk: no count, no buffers
-  rel.flags = kFlagReleaseSources;
-  EXPECT_FALSE(validate_request(rel, ctx()));
-  auto d = rel;
-  d.flags |= kFlagInPlace;
-  EXPECT_TRUE(fails(d, ctx(), "takes no other flags"));
-  d = rel;
-  d.op = OpType::AllReduce;
-  EXPECT_TRUE(fails(d, ctx(), "only collectives that move bytes"));
-  d = rel;
-  d.count = d.chunk_count = 8;
-  EXPECT_TRUE(fails(d, ctx(), "carries no count"));
-  d = rel;
-  d.input = arena(0, 32);
-  EXPECT_TRUE(fails(d, ctx(), "carries no buffers"));
-  d = rel;
-  d.wait_event = 0;
-  EXPECT_TRUE(fails(d, ctx(), "no CUDA event"));
-}

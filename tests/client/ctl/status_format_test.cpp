@@ -191,20 +191,20 @@ TEST(Text, AcrossNodesShowsOperationsInFlightAndStaging) {
   EXPECT_TRUE(contains(p, "smddp_internode_staging_bytes_kept{job=\"j1\",node=\"0\"} 4096\n")) << p;
 }
 
-TEST(Text, DirectReadsShowChunksAndThoseAwaitingRelease) {
+TEST(Text, DirectReadsShowChunksAndCopiesBehind) {
   auto s = full_status();
-  s["direct_reads"] = json::parse(R"({"chunks":120,"awaiting_release":2})");
+  s["direct_reads"] = json::parse(R"({"chunks":120,"copies_behind":2})");
   const auto text = format_status_text(s);
-  EXPECT_TRUE(contains(text, "direct reads:  120 host chunks copied by the ranks from the members' arenas, 2 awaiting release"))
+  EXPECT_TRUE(contains(text, "direct reads:  120 host chunks copied by the ranks from the members' arenas, 2 copies behind"))
       << text;
-  s["direct_reads"] = json::parse(R"({"chunks":0,"awaiting_release":0})");  // never used: no line
+  s["direct_reads"] = json::parse(R"({"chunks":0,"copies_behind":0})");  // never used: no line
   EXPECT_FALSE(contains(format_status_text(s), "direct reads")) << format_status_text(s);
   auto t = full_status();
-  t["direct_reads"] = json::parse(R"({"chunks":120,"awaiting_release":2})");
+  t["direct_reads"] = json::parse(R"({"chunks":120,"copies_behind":2})");
   const std::string p = format_prometheus({{"j1", 0, t}});
   EXPECT_EQ(prometheus_problems(p), std::vector<std::string>{}) << p;
   EXPECT_TRUE(contains(p, "smddp_direct_read_chunks_total{job=\"j1\",node=\"0\"} 120\n")) << p;
-  EXPECT_TRUE(contains(p, "smddp_direct_read_awaiting_release{job=\"j1\",node=\"0\"} 2\n")) << p;
+  EXPECT_TRUE(contains(p, "smddp_direct_read_copies_behind{job=\"j1\",node=\"0\"} 2\n")) << p;
 }
 
 TEST(Text, RankTableColumnsLineUp) {
