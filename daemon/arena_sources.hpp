@@ -24,7 +24,7 @@ namespace smddp::daemon {
 // Where each member's output blocks are, result[r] for group rank r in output-block order; or
 // nullopt when the match runs the usual way: a member did not offer kFlagReadSources, the op
 // reduces or has split tables, the group is too large for a completion's list, or no member
-// copies `min_bytes` (below it the daemon's own copy costs less than the release).
+// copies `min_bytes` (below it, measured, the daemon's copy costs no more and varies less).
 std::optional<std::vector<std::vector<ipc::ArenaSource>>> arena_sources(const Match& m, std::uint64_t min_bytes);
 
 }  // namespace smddp::daemon
