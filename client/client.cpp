@@ -724,9 +724,11 @@ std::optional<std::string> ClientImpl::copy_sources_locked(OpState& op, const In
   const auto bad = [&](const std::string& why) {
     return std::string(ipc::to_string(p.base.op)) + ": the smddp daemon named arena sources that " + why;
   };
-  if (h.count != p.out_blocks || h.count > ipc::kMaxSourceMembers || h.readers > ipc::kMaxSourceMembers)
+  if (h.count != p.out_blocks || h.count > ipc::kMaxSourceMembers)
     return bad("list " + std::to_string(h.count) + " blocks where this rank's output has " +
                std::to_string(p.out_blocks) + " per chunk");
+  if (h.readers > ipc::kMaxSourceMembers)
+    return bad("name " + std::to_string(h.readers) + " readers, more than a completion holds");
   for (std::uint32_t b = 0; b < h.count; ++b) {
     const auto s = c.source(b);
     if (s.slot < 0 || s.slot >= local_world_size_ || s.bytes != blk || s.offset > arena_.size() ||
@@ -764,19 +766,24 @@ void ClientImpl::sources_copied_locked(const ipc::CompletionDesc& c, std::uint64
   else read_held_.push_back(std::move(held));
 }
 
+bool ClientImpl::readers_done(const ReadHeld& h) const {
+  return std::all_of(h.readers.begin(), h.readers.end(), [&](const ipc::SourceReader& x) {
+    const auto& peer = segment_.slot(x.slot);
+    // A reader that left reads nothing any more.
+    const auto st = static_cast<ipc::SlotState>(peer.state.load(std::memory_order_acquire));
+    return peer.sources_done.load(std::memory_order_acquire) >= x.seq || st == ipc::SlotState::Exited ||
+           st == ipc::SlotState::Failed;
+  });
+}
+
 bool ClientImpl::reap_read_held_locked() {
   const auto before = read_held_.size();
   std::erase_if(read_held_, [&](const ReadHeld& h) {
-    const bool done = std::all_of(h.readers.begin(), h.readers.end(), [&](const ipc::SourceReader& x) {
-      const auto& peer = segment_.slot(x.slot);
-      // A reader that left reads nothing any more.
-      const auto st = static_cast<ipc::SlotState>(peer.state.load(std::memory_order_acquire));
-      return peer.sources_done.load(std::memory_order_acquire) >= x.seq || st == ipc::SlotState::Exited ||
-             st == ipc::SlotState::Failed;
-    });
+    const bool done = readers_done(h);
     if (done) alloc_.free(h.offset);
     return done;
   });
+  if (read_held_.empty()) slot_.waits_for_readers.store(0, std::memory_order_relaxed);  // nothing to wait for
   return read_held_.size() != before;
 }
 
@@ -786,13 +793,7 @@ bool ClientImpl::held_regions_free() {
   // Busy: say maybe, so the caller looks under the lock. A false here could sleep through the
   // reader's count (it rang nobody: it saw no waiter) until the next slice.
   if (!lk.owns_lock()) return true;
-  return std::any_of(read_held_.begin(), read_held_.end(), [&](const ReadHeld& h) {
-    return std::all_of(h.readers.begin(), h.readers.end(), [&](const ipc::SourceReader& x) {
-      const auto st = static_cast<ipc::SlotState>(segment_.slot(x.slot).state.load(std::memory_order_acquire));
-      return segment_.slot(x.slot).sources_done.load(std::memory_order_acquire) >= x.seq ||
-             st == ipc::SlotState::Exited || st == ipc::SlotState::Failed;
-    });
-  });
+  return std::any_of(read_held_.begin(), read_held_.end(), [&](const ReadHeld& h) { return readers_done(h); });
 }
 
 void ClientImpl::submit_queued_locked(Deferred& callbacks) {

@@ -230,6 +230,8 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // This rank answered Sources completion `c` (copied, or gave up on its op): counts it, wakes
   // the owners of the regions it read, and holds `region` (kNoRegion: none) for the readers.
   void sources_copied_locked(const ipc::CompletionDesc& c, std::uint64_t region);
+  // Whether every reader of `h` is done with it (or gone).
+  bool readers_done(const ReadHeld& h) const;
   // Frees the held regions whose readers are all done (or gone); true if any was freed.
   bool reap_read_held_locked();
   // For a waiting thread: whether a held region could be freed now (takes the lock only if free).
