@@ -27,6 +27,14 @@ std::atomic<int> Daemon::stop_signal_{0};
 
 namespace {
 
+// Addresses `c` to the request `p` posted, as an answer of `kind`.
+void address(ipc::CompletionDesc& c, const Posted& p, ipc::CompletionKind kind) {
+  c.request_id = p.desc.request_id;
+  c.comm_id = p.desc.comm_id;
+  c.seq = p.desc.seq;
+  c.kind = kind;
+}
+
 constexpr auto kHousekeepingEvery = std::chrono::milliseconds(50);
 constexpr auto kIdleSleep = std::chrono::microseconds(100000);
 constexpr std::size_t kMaxErrorsKept = 32;
@@ -558,10 +566,7 @@ std::optional<std::string> Daemon::send_plans(const Match& m) {
     }
     for (std::size_t at = 0; at < fresh.size(); at += ipc::kPlanHandlesPerCompletion) {
       ipc::CompletionDesc c;
-      c.request_id = to.desc.request_id;
-      c.comm_id = to.desc.comm_id;
-      c.seq = to.desc.seq;
-      c.kind = ipc::CompletionKind::Handles;
+      address(c, to, ipc::CompletionKind::Handles);
       ipc::PlanHeader h;
       h.handles = static_cast<std::uint16_t>(std::min(ipc::kPlanHandlesPerCompletion, fresh.size() - at));
       c.set_plan_header(h);
@@ -569,10 +574,7 @@ std::optional<std::string> Daemon::send_plans(const Match& m) {
       if (!push_completion(to.slot, c)) return std::nullopt;  // the job failed
     }
     ipc::CompletionDesc c = final_c;
-    c.request_id = to.desc.request_id;
-    c.comm_id = to.desc.comm_id;
-    c.seq = to.desc.seq;
-    c.kind = ipc::CompletionKind::Plan;
+    address(c, to, ipc::CompletionKind::Plan);
     plan.me = static_cast<std::uint16_t>(r);
     c.set_plan_header(plan);
     if (!splits.empty()) {
@@ -613,10 +615,7 @@ bool Daemon::send_sources(const Match& m) {
     const Posted& p = m.posted[r];
     const auto& mine = (*sources)[r];
     ipc::CompletionDesc c;
-    c.request_id = p.desc.request_id;
-    c.comm_id = p.desc.comm_id;
-    c.seq = p.desc.seq;
-    c.kind = ipc::CompletionKind::Sources;
+    address(c, p, ipc::CompletionKind::Sources);
     ipc::SourcesHeader h;
     h.count = static_cast<std::uint32_t>(mine.size());
     h.readers = static_cast<std::uint32_t>(readers.size());
@@ -732,9 +731,7 @@ void Daemon::complete(const Posted& p, Status status, std::string_view error, in
   auto& info = ranks_[static_cast<std::size_t>(p.slot)];
   if (info.pending) --info.pending;
   ipc::CompletionDesc c;
-  c.request_id = p.desc.request_id;
-  c.comm_id = p.desc.comm_id;
-  c.seq = p.desc.seq;
+  address(c, p, ipc::CompletionKind::Final);
   c.status = status;
   c.daemon_event = daemon_event;
   c.daemon_value = daemon_value;

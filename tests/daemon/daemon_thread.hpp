@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "client/client.hpp"
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
 
@@ -29,6 +30,17 @@ inline DaemonConfig small_config() {
   c.collective_timeout = std::chrono::seconds(60);
   c.exit_grace = std::chrono::seconds(1);
   return c;
+}
+
+// How in-process rank `r` of `n` attaches to the daemon of `job` (node 0).
+inline client::AttachOptions rank_options(const std::string& job, int r, int n) {
+  client::AttachOptions o;
+  o.job_id = job;
+  o.node_id = 0;
+  o.rank = o.local_rank = r;
+  o.world_size = o.local_world_size = n;
+  o.attach_timeout = std::chrono::seconds(10);
+  return o;
 }
 
 class DaemonThread {

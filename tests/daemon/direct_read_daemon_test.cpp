@@ -34,15 +34,7 @@ constexpr int kRanks = 3;
 
 std::vector<std::shared_ptr<Client>> attach(const std::string& job) {
   std::vector<std::shared_ptr<Client>> ranks;
-  for (int r = 0; r < kRanks; ++r) {
-    client::AttachOptions o;
-    o.job_id = job;
-    o.node_id = 0;
-    o.rank = o.local_rank = r;
-    o.world_size = o.local_world_size = kRanks;
-    o.attach_timeout = 10s;
-    ranks.push_back(Client::attach(o));
-  }
+  for (int r = 0; r < kRanks; ++r) ranks.push_back(Client::attach(test_daemon::rank_options(job, r, kRanks)));
   return ranks;
 }
 

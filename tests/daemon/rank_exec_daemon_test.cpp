@@ -91,14 +91,8 @@ struct Rank {
 std::vector<std::unique_ptr<Rank>> attach_ranks(const std::string& job, int n) {
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < n; ++r) {
-    client::AttachOptions o;
-    o.job_id = job;
-    o.node_id = 0;
-    o.rank = o.local_rank = r;
-    o.world_size = o.local_world_size = n;
-    o.attach_timeout = 10s;
     auto rank = std::make_unique<Rank>();
-    rank->client = Client::attach(o);
+    rank->client = Client::attach(test_daemon::rank_options(job, r, n));
     rank->client->set_exec_handler(rank->rec.handler());
     ranks.push_back(std::move(rank));
   }
