@@ -159,5 +159,43 @@ TEST(DaemonDirectRead, RanksReadTheMembersArenasAtEverySizeAndEveryRegionComesBa
 
 TEST(DaemonDirectRead, OffTheDaemonCopiesAndTheResultsAreTheSame) { run_job("off", std::nullopt, false); }
 
+// Rank 2 leaves in the middle of a many-chunk allgather, before it copies what it was sent:
+// the regions ranks 0 and 1 hold for its reads must come back (it reads nothing any more), or
+// their own group, which then fills their 1 MiB arenas many times over, waits for ever.
+TEST(DaemonDirectRead, AReaderThatLeftHoldsNoRegion) {
+  spdlog::set_level(spdlog::level::err);
+  const auto job = test_daemon::unique_job("t-direct-", "left");
+  auto config = test_daemon::small_config();
+  config.direct_read_min_bytes = 0;
+  test_daemon::DaemonThread daemon(job, kRanks, config);
+  auto ranks = attach(job);
+  client::CommunicatorPtr pair[2];
+  std::thread second([&] { pair[1] = ranks[1]->create_communicator(5, {0, 1}); });
+  pair[0] = ranks[0]->create_communicator(5, {0, 1});
+  second.join();
+
+  const std::uint64_t count = 100000;  // 25 chunks a rank
+  std::vector<std::vector<std::int32_t>> in(kRanks, std::vector<std::int32_t>(count, 7)),
+      out(kRanks, std::vector<std::int32_t>(kRanks * count));
+  std::vector<WorkPtr> w;
+  for (int r = 0; r < kRanks; ++r) w.push_back(ranks[r]->world()->allgather(in[r].data(), out[r].data(), count, DType::Int32));
+  ranks[2]->detach();
+  for (int r = 0; r < 2; ++r) {
+    try {
+      w[r]->wait(20s);  // done, or failed naming rank 2: either way its regions are no longer read
+    } catch (const client::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+    }
+  }
+  for (int round = 0; round < 20; ++round) {
+    std::vector<WorkPtr> p;
+    for (int r = 0; r < 2; ++r)
+      p.push_back(pair[r]->allgather(in[r].data(), out[r].data(), count, DType::Int32));
+    wait_all(p);
+    ASSERT_EQ(out[0][count], 7) << "round " << round;
+  }
+  for (auto& r : ranks) r->detach();
+}
+
 }  // namespace
 }  // namespace smddp::daemon
