@@ -3,12 +3,14 @@
 // daemon's loop ends once every rank that attached has left.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "client/client.hpp"
 #include "daemon/config.hpp"
@@ -41,6 +43,17 @@ inline client::AttachOptions rank_options(const std::string& job, int r, int n) 
   o.world_size = o.local_world_size = n;
   o.attach_timeout = std::chrono::seconds(10);
   return o;
+}
+
+// Waits for every rank's Work; failures are reported, not thrown.
+inline void wait_all(const std::vector<client::WorkPtr>& works) {
+  for (std::size_t r = 0; r < works.size(); ++r) {
+    try {
+      works[r]->wait(std::chrono::seconds(20));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": " << e.what();
+    }
+  }
 }
 
 class DaemonThread {

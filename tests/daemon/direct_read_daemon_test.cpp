@@ -43,15 +43,7 @@ std::int32_t value(int r, std::uint64_t b, std::uint64_t i) {
   return static_cast<std::int32_t>(r * 1'000'000 + b * 100'000 + i % 100'000);
 }
 
-void wait_all(const std::vector<WorkPtr>& works) {
-  for (std::size_t r = 0; r < works.size(); ++r) {
-    try {
-      works[r]->wait(20s);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << r << ": " << e.what();
-    }
-  }
-}
+using test_daemon::wait_all;
 
 // Runs every byte-moving collective at `count` elements a block, `rounds` times, and checks
 // each rank's output element by element.

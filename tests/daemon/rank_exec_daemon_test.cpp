@@ -148,16 +148,7 @@ std::vector<WorkPtr> post(const std::vector<std::unique_ptr<Rank>>& ranks, const
   return w;
 }
 
-// Waits for every Work; failures are reported, not thrown.
-void wait_all(const std::vector<WorkPtr>& works) {
-  for (std::size_t i = 0; i < works.size(); ++i) {
-    try {
-      works[i]->wait(20s);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "rank " << i << ": " << e.what();
-    }
-  }
-}
+using test_daemon::wait_all;
 
 // Checks a Plan completion of a two-member allreduce: members by group rank (slot 0, slot 1),
 // their buffers, and `me`.
