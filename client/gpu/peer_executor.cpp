@@ -15,7 +15,7 @@
 
 #include "client/gpu/cuda_util.hpp"
 #include "client/gpu/schedule.hpp"
-#include "daemon/cuda/device_kernels.hpp"
+#include "kernels/device_kernels.hpp"
 #include "ipc/segment.hpp"
 
 namespace smddp::client::gpu {
@@ -55,7 +55,7 @@ const GraphOps& graph_ops() {
 
 // A fast op's flag operations: raise this rank's flag in every peer, then wait for every
 // peer's in ours (one word per peer: that of thread block 0).
-std::vector<CUstreamBatchMemOpParams> flag_ops(const daemon::cuda::FastArgs& a) {
+std::vector<CUstreamBatchMemOpParams> flag_ops(const kernels::FastArgs& a) {
   std::vector<CUstreamBatchMemOpParams> flags;
   for (int r = 0; r < a.n; ++r) {
     if (r == a.me) continue;
@@ -82,7 +82,7 @@ std::vector<CUstreamBatchMemOpParams> flag_ops(const daemon::cuda::FastArgs& a) 
 // then the fast path's flags (row w written by local rank w, one word per thread block),
 // then its two staging buffers (by sequence parity).
 constexpr std::size_t kFastFlagsOffset = ipc::kFlagBlockBytes;
-constexpr std::size_t kFastFlagsBytes = std::size_t{ipc::kMaxLocalRanks} * daemon::cuda::kFastMaxBlocks * 8;
+constexpr std::size_t kFastFlagsBytes = std::size_t{ipc::kMaxLocalRanks} * kernels::kFastMaxBlocks * 8;
 constexpr std::size_t kFastStageOffset = kFastFlagsOffset + kFastFlagsBytes;
 constexpr std::uint64_t kFastStageBytes = 16ull << 20;
 constexpr std::size_t kFlagAllocBytes = kFastStageOffset + 2 * kFastStageBytes;
@@ -206,7 +206,7 @@ PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cu
   check(cudaMemset(flag_block_, 0, kFastStageOffset), "cudaMemset of the smddp flag block");
   // Now, not at a first launch: with lazy loading that may wait for the context to go idle
   // while a fast kernel spins on a peer's flag (see preload_kernels).
-  check(daemon::cuda::preload_kernels(), "loading the smddp kernels");
+  check(kernels::preload_kernels(), "loading the smddp kernels");
   // The one-shot scratch too, at its largest: growing it later keeps the old one until the
   // end (freeing memory waits for the whole device).
   scratch_bytes_ = std::max<std::uint64_t>(oneshot_max_bytes(2), 1 << 20);
@@ -297,16 +297,16 @@ void PeerExecutor::release_event(cudaEvent_t ev) {
 
 bool PeerExecutor::fast_eligible(const FastOp& op) {
   const int n = static_cast<int>(op.slots.size());
-  if (n < 2 || n > daemon::cuda::kFastMaxRanks || op.count == 0 || !op.in || !op.out) return false;
-  if (!daemon::cuda::fast_supported(op.op, op.dtype, op.reduce_op)) return false;
-  daemon::cuda::FastArgs a;
+  if (n < 2 || n > kernels::kFastMaxRanks || op.count == 0 || !op.in || !op.out) return false;
+  if (!kernels::fast_supported(op.op, op.dtype, op.reduce_op)) return false;
+  kernels::FastArgs a;
   a.op = op.op;
   a.dtype = op.dtype;
   a.n = n;
   a.count = op.count;
   const std::uint64_t in_bytes = (op.op == ipc::OpType::ReduceScatter ? static_cast<std::uint64_t>(n) : 1) *
                                  op.count * ipc::dtype_size(op.dtype);
-  return in_bytes <= fast_max_bytes(op.op, n) && daemon::cuda::fast_stage_bytes(a) <= kFastStageBytes;
+  return in_bytes <= fast_max_bytes(op.op, n) && kernels::fast_stage_bytes(a) <= kFastStageBytes;
 }
 
 std::uint64_t PeerExecutor::reserve_fast_seq() {
@@ -368,7 +368,7 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   std::lock_guard lk(mu_);
   DeviceScope scope(device_);
   if (!to_close_.empty()) close_released();  // before this op goes on the GPU
-  daemon::cuda::FastArgs a;
+  kernels::FastArgs a;
   a.op = op.op;
   a.dtype = op.dtype;
   a.reduce_op = op.reduce_op;
@@ -388,9 +388,9 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
       auto* mine = static_cast<std::byte*>(flag_block_);
       a.stage[r] = base + stage;
       a.signal[r] = reinterpret_cast<std::uint64_t*>(base + kFastFlagsOffset) +
-                    static_cast<std::size_t>(my_slot_) * daemon::cuda::kFastMaxBlocks;
+                    static_cast<std::size_t>(my_slot_) * kernels::kFastMaxBlocks;
       a.wait[r] = reinterpret_cast<const std::uint64_t*>(mine + kFastFlagsOffset) +
-                  static_cast<std::size_t>(s) * daemon::cuda::kFastMaxBlocks;
+                  static_cast<std::size_t>(s) * kernels::kFastMaxBlocks;
     }
   } catch (...) {
     // No peer mapping to raise flags in: this rank stops taking the path; its next request
@@ -417,7 +417,7 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
     }
     for (int r = 0; r < a.n; ++r)
       if (r != a.me)
-        for (int b = 0; b < daemon::cuda::fast_blocks(a); ++b)
+        for (int b = 0; b < kernels::fast_blocks(a); ++b)
           ops.write(reinterpret_cast<CUstream>(fast_stream_), reinterpret_cast<CUdeviceptr>(a.signal[r] + b), a.seq,
                     CU_STREAM_WRITE_VALUE_DEFAULT);
     set_last_fast_locked(fast_stream_, nullptr, false);
@@ -450,7 +450,7 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
       set_last_fast_locked(s, nullptr, false);  // what it enqueued still orders the next op
       throw;
     }
-  } else if (const auto err = daemon::cuda::launch_fast(a, s); err != cudaSuccess) {
+  } else if (const auto err = kernels::launch_fast(a, s); err != cudaSuccess) {
     cudaGetLastError();
     dry(std::string("fast-path kernel: ") + cudaGetErrorString(err));
   } else {
@@ -475,7 +475,7 @@ PeerExecutor::FastLaunch PeerExecutor::run_fast(const FastOp& op, cudaStream_t u
   return {s, done};
 }
 
-void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t s) {
+void PeerExecutor::run_fast_copies(const kernels::FastArgs& a, cudaStream_t s) {
   // The kernel's steps, by copy engines and stream memory operations (one flag word per peer:
   // that of thread block 0), in few driver calls: a small AllGather is bound by how fast the
   // CPU issues it (with 2 ranks: three copies and one batch of flag operations). Once
@@ -579,7 +579,7 @@ void PeerExecutor::run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t
   if (!failed.empty()) throw std::runtime_error(failed);
 }
 
-PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const daemon::cuda::FastArgs& a) {
+PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const kernels::FastArgs& a) {
   static const bool wanted = [] {
     const char* v = std::getenv("SMDDP_SDP_FAST_GRAPH");
     return !(v && std::string_view(v) == "0");
@@ -896,7 +896,7 @@ void PeerExecutor::reduce(const std::vector<const void*>& inputs, void* out, std
     dry_error_ = "a member of the " + std::string(ipc::to_string(l.op)) + " has no buffer where one is needed";
     return;
   }
-  daemon::cuda::ReduceArgs a;
+  kernels::ReduceArgs a;
   for (std::size_t i = 0; i < inputs.size(); ++i) a.inputs[i] = inputs[i];
   a.n = static_cast<int>(inputs.size());
   a.out = out;
@@ -908,7 +908,7 @@ void PeerExecutor::reduce(const std::vector<const void*>& inputs, void* out, std
   a.nout = static_cast<int>(outs.size());
   (void)n;
   // A failure only stops this op's data movement: its barriers must still run.
-  if (const auto err = daemon::cuda::launch_reduce(a, stream_, sms_ * 4); err != cudaSuccess) {
+  if (const auto err = kernels::launch_reduce(a, stream_, sms_ * 4); err != cudaSuccess) {
     cudaGetLastError();
     dry_error_ = std::string("reduction kernel: ") + cudaGetErrorString(err);
     return;

@@ -15,7 +15,7 @@
 //
 // The fast path (small AllReduce, AllGather and ReduceScatter of a group of all the job's
 // ranks, on one node) skips the plan: the caller enqueues one kernel at once
-// (daemon/cuda/device_kernels.hpp, FastArgs), on its own stream when it waits at once, else
+// (kernels/device_kernels.hpp, FastArgs), on its own stream when it waits at once, else
 // on the fast stream, against staging buffers and flags that live in every rank's flag
 // allocation, mapped by all the others once. The daemon still matches and checks
 // the request (kFlagRankFast) and reports a disagreement as an error; a failed fast op
@@ -48,7 +48,7 @@
 
 #include "client/client.hpp"
 #include "client/gpu/schedule.hpp"
-#include "daemon/cuda/device_kernels.hpp"
+#include "kernels/device_kernels.hpp"
 #include "ipc/protocol.hpp"
 
 namespace smddp::client::gpu {
@@ -72,7 +72,7 @@ struct FastOp {
   ipc::DType dtype = ipc::DType::Float32;
   ipc::ReduceOp reduce_op = ipc::ReduceOp::Sum;
   double scale = 1.0;
-  std::uint64_t count = 0;  // as daemon::cuda::FastArgs::count
+  std::uint64_t count = 0;  // as kernels::FastArgs::count
   const void* in = nullptr;
   void* out = nullptr;
   std::vector<int> slots;  // the members' local ranks, in group order
@@ -172,7 +172,7 @@ class PeerExecutor {
   };
   cudaEvent_t take_event();  // from the pool, or a new one (mu_ held)
   void order_after_locked(cudaStream_t waiter, cudaStream_t s, cudaEvent_t done);
-  void run_fast_copies(const daemon::cuda::FastArgs& a, cudaStream_t s);  // mu_ held
+  void run_fast_copies(const kernels::FastArgs& a, cudaStream_t s);  // mu_ held
   // The SDP fast AllGather's steps as a CUDA graph: its three or four copies and its flag
   // operations, the flags' values set before each launch.
   struct SdpGraph {
@@ -188,9 +188,9 @@ class PeerExecutor {
   };
   // (input, output, bytes, members and index, then every member's staging and flag words):
   // what the graph's nodes name.
-  using SdpKey = std::array<std::uintptr_t, 4 + 3 * daemon::cuda::kFastMaxRanks>;
+  using SdpKey = std::array<std::uintptr_t, 4 + 3 * kernels::kFastMaxRanks>;
   static constexpr std::size_t kSdpGraphs = 64;
-  SdpGraph* sdp_graph(const daemon::cuda::FastArgs& a);  // found or built (null: none; mu_ held)
+  SdpGraph* sdp_graph(const kernels::FastArgs& a);  // found or built (null: none; mu_ held)
   void release_flags();  // on the rescue stream
   // The last fast op ran on `s`, `done` after it (null: none recorded); `held`: a mark owns it.
   void set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held);

@@ -13,9 +13,15 @@
 #include <stdexcept>
 
 #include "daemon/alltoall_splits.hpp"
-#include "daemon/cuda/device_kernels.hpp"
+#include "kernels/device_kernels.hpp"
 
 namespace smddp::daemon::cuda {
+
+using kernels::CopyArgs;
+using kernels::kMaxKernelInputs;
+using kernels::launch_copy;
+using kernels::launch_reduce;
+using kernels::ReduceArgs;
 
 using ipc::BufferKind;
 using ipc::OpType;

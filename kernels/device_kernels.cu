@@ -3,9 +3,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "daemon/cuda/device_kernels.hpp"
+#include "kernels/device_kernels.hpp"
 
-namespace smddp::daemon::cuda {
+namespace smddp::kernels {
 namespace {
 
 constexpr int kThreads = 512;
@@ -335,9 +335,9 @@ cudaError_t launch_copy(const CopyArgs& a, cudaStream_t s, int max_blocks) {
   return cudaGetLastError();
 }
 
-}  // namespace smddp::daemon::cuda
+}  // namespace smddp::kernels
 
-namespace smddp::daemon::cuda {
+namespace smddp::kernels {
 
 bool fast_supported(ipc::OpType op, ipc::DType dtype, ipc::ReduceOp reduce_op) {
   if (op == ipc::OpType::AllGather) return true;
@@ -395,4 +395,4 @@ cudaError_t preload_kernels() {
   return cudaSuccess;
 }
 
-}  // namespace smddp::daemon::cuda
+}  // namespace smddp::kernels

@@ -1,5 +1,6 @@
-// The daemon's CUDA kernels, behind a plain C++ interface (gpu_executor.cpp is compiled by
-// g++; only device_kernels.cu goes through nvcc).
+// The GPU path's CUDA kernels (reductions, copies, the fast path) behind a plain C++
+// interface, shared by the ranks' executor (client/gpu) and the daemon's (daemon/cuda): the
+// callers are compiled by g++, only device_kernels.cu goes through nvcc.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,7 +9,7 @@
 
 #include "ipc/types.hpp"
 
-namespace smddp::daemon::cuda {
+namespace smddp::kernels {
 
 inline constexpr int kMaxKernelInputs = 64;  // ipc::kMaxLocalRanks
 
@@ -80,4 +81,4 @@ bool fast_supported(ipc::OpType op, ipc::DType dtype, ipc::ReduceOp reduce_op);
 // while a stream of this process waits for a flag that another process sets.
 cudaError_t preload_kernels();
 
-}  // namespace smddp::daemon::cuda
+}  // namespace smddp::kernels
