@@ -16,6 +16,22 @@
 
 namespace smddp::client {
 
+using Clock = std::chrono::steady_clock;
+
+// How long a waiting thread spins before it sleeps, and how long it sleeps at most between
+// looks at the daemon's liveness.
+inline constexpr auto kSpin = std::chrono::microseconds(50);
+inline constexpr auto kSlice = std::chrono::milliseconds(20);
+inline constexpr auto kHeartbeatStale = std::chrono::seconds(3);
+inline constexpr auto kBackstop = std::chrono::seconds(15);  // beyond the daemon's own timeout
+inline constexpr auto kDefaultTimeout = std::chrono::milliseconds(30 * 60 * 1000);
+
+inline bool is_p2p(ipc::OpType op) { return op == ipc::OpType::Send || op == ipc::OpType::Recv; }
+
+// Set when the last reference to a client is dropped on its own progress thread (a callback
+// held it): the thread must then return without touching the destroyed client.
+inline thread_local bool t_client_destroyed_here = false;
+
 class ClientImpl;
 class OpState;
 

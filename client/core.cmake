@@ -1,5 +1,10 @@
 add_library(smddp_client
   ${CMAKE_CURRENT_LIST_DIR}/client.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/communicator.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/staging.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/completions.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/op_order.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/arena_reads.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arena_allocator.cpp)
 target_link_libraries(smddp_client PUBLIC smddp_ipc Threads::Threads)
 
