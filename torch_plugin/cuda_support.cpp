@@ -1,35 +1,13 @@
+// The plugin's GPU path: exports of tensors' memory, the marks that order the daemon's and
+// the ranks' work after the caller's stream, completion, and staging buffers for memory that
+// cannot be exported. The fast path and the path across nodes have files of their own.
 #include "torch_plugin/cuda_support.hpp"
 
 #include <cstdlib>
-#include <algorithm>
-#include <cstring>
-#include <optional>
-#include <map>
-#include <unordered_map>
-#include <atomic>
-#include <chrono>
-#include <thread>
-#include <memory>
 #include <mutex>
-#include <utility>
-#include <vector>
-
-#include "ipc/segment.hpp"
-#include "torch_plugin/errors.hpp"
 
 #if SMDDP_PLUGIN_CUDA
-#include "client/gpu/arena_copier.hpp"
-#include "client/gpu/cuda_util.hpp"
-#include "client/gpu/peer_executor.hpp"
-#endif
-
-#if SMDDP_PLUGIN_CUDA
-#include <torch/version.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda.h>
-#include <cuda_runtime_api.h>
+#include "torch_plugin/cuda_path_impl.hpp"
 #endif
 
 namespace smddp::torch_plugin::gpu {
@@ -38,76 +16,6 @@ namespace smddp::torch_plugin::gpu {
 
 namespace {
 
-// A device current for the scope (torch's guard), and meanwhile other threads' CUDA graph
-// captures ignored by our calls (client/gpu/cuda_util.hpp): completions also run on the
-// client's progress thread, beside a model that may be capturing on its own thread.
-struct OnDevice {
-  explicit OnDevice(c10::Device d) : guard(d) {}
-  c10::cuda::CUDAGuard guard;
-  client::gpu::CaptureModeScope capture;
-};
-
-void check(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw SmddpException(ErrorKind::Internal, "smddp: " + what + ": " + cudaGetErrorString(e));
-  }
-}
-
-// Driver entry points reached through the runtime (no link against libcuda).
-struct Driver {
-  using GetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
-  using GetRange = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
-  GetAttribute get_attribute = nullptr;
-  GetRange get_range = nullptr;
-};
-
-const Driver& driver() {
-  static const Driver d = [] {
-    Driver x;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      x.get_attribute = reinterpret_cast<Driver::GetAttribute>(fn);
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      x.get_range = reinterpret_cast<Driver::GetRange>(fn);
-    cudaGetLastError();
-    return x;
-  }();
-  return d;
-}
-
-std::string bus_id_of(int dev) {
-  char bus[64] = {};
-  if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return {};
-  }
-  return bus;
-}
-
-// torch's allocator calls its trace trackers when it frees a segment (torch >= 2.1); ranks
-// that mapped one of ours must then close the mapping, or its memory stays held on our GPU.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-#define SMDDP_SEGMENT_TRACE 1
-#else
-#define SMDDP_SEGMENT_TRACE 0
-#endif
-
-// Buffer ids of exported allocations torch has freed since a CudaPath last looked: its export
-// cache drops them (ids are never reused, so an entry for a freed one would only take room).
-struct FreedIds {
-  std::mutex mu;  // taken under torch's allocator lock: nothing else is taken under it
-  std::vector<std::uint64_t> ids;
-  std::vector<std::uint64_t> take() {
-    std::lock_guard lk(mu);
-    return std::exchange(ids, {});
-  }
-};
-
-// The allocations this process exported, by base address: process-wide, because a tracker
 // cannot be detached from torch's allocator and outlives every process group.
 class ExportedSegments {
  public:
@@ -163,6 +71,47 @@ class ExportedSegments {
 
 }  // namespace
 
+CudaPath::Impl::Export& CudaPath::Impl::lookup_ptr(void* data, c10::Device device) {
+  const auto& d = driver();
+  if (!d.get_attribute || !d.get_range)
+    throw SmddpException(ErrorKind::Unsupported, "smddp: the CUDA driver lacks cuPointerGetAttribute/cuMemGetAddressRange");
+  const auto ptr = reinterpret_cast<CUdeviceptr>(data);
+  unsigned long long id = 0;
+  if (d.get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CUDA_SUCCESS) {
+    static Export unknown;  // not exportable; the caller stages it
+    unknown.why = "cuPointerGetAttribute(BUFFER_ID) failed";
+    return unknown;
+  }
+  for (const auto gone : freed_ids->take()) exports.erase(gone);
+  auto it = exports.find(id);
+  if (it != exports.end()) return it->second;
+  Export x;
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  if (d.get_range(&base, &size, ptr) != CUDA_SUCCESS) {
+    x.why = "cuMemGetAddressRange failed";
+  } else {
+    cudaIpcMemHandle_t h{};
+    OnDevice g(device);
+    const auto e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      x.why = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(e) +
+              " (memory from PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or a cudaMallocAsync pool cannot be "
+              "exported)";
+    } else {
+      static_assert(sizeof h == 64);
+      std::memcpy(x.handle.data(), &h, sizeof h);
+      x.ok = true;
+      x.base = static_cast<std::uintptr_t>(base);
+      x.bytes = size;
+      ExportedSegments::get().add(x.base, id, client, freed_ids);
+    }
+  }
+  return exports.emplace(id, std::move(x)).first->second;
+}
+
+
 bool compiled() noexcept { return true; }
 
 std::optional<std::string> capture_refusal(c10::Device device) {
@@ -214,246 +163,6 @@ std::string local_bus_id() {
 }
 
 // Events for Done marks, reused: creating and destroying one per operation costs more than
-// the rest of a small collective's completion.
-struct DoneEventPool {
-  std::mutex mu;
-  std::map<int, std::vector<cudaEvent_t>> free;  // by device
-  cudaEvent_t take(int device) {
-    {
-      std::lock_guard lk(mu);
-      auto& f = free[device];
-      if (!f.empty()) {
-        cudaEvent_t ev = f.back();
-        f.pop_back();
-        return ev;
-      }
-    }
-    cudaEvent_t ev = nullptr;
-    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    return ev;
-  }
-  void give(int device, cudaEvent_t ev) {
-    std::lock_guard lk(mu);
-    free[device].push_back(ev);
-  }
-  ~DoneEventPool() {
-    for (auto& [dev, evs] : free)
-      for (auto ev : evs) cudaEventDestroy(ev);
-  }
-};
-
-struct CudaPath::Done {
-  cudaEvent_t event = nullptr;
-  int device = 0;
-  std::shared_ptr<DoneEventPool> pool;
-  ~Done() {
-    if (event && pool) pool->give(device, event);
-    else if (event) cudaEventDestroy(event);
-  }
-};
-
-struct CudaPath::Staging {
-  void* ptr = nullptr;
-  std::size_t bytes = 0;
-  int device = 0;
-  std::shared_ptr<Done> last_done;
-};
-
-struct CudaPath::Impl {
-  std::multimap<std::size_t, std::shared_ptr<Staging>> staging_free;  // by size
-  std::vector<std::shared_ptr<Staging>> staging_all;
-  std::weak_ptr<client::Client> client;  // the process group owns it
-  std::mutex mu;
-  std::shared_ptr<client::Client> locked() {
-    auto c = client.lock();
-    if (!c) throw SmddpException(ErrorKind::Shutdown, "smddp: the process group was destroyed");
-    return c;
-  }
-  struct Export {
-    bool ok = false;
-    std::array<std::uint8_t, 64> handle{};
-    std::uintptr_t base = 0;
-    std::uint64_t bytes = 0;
-    std::string why;
-  };
-  std::unordered_map<std::uint64_t, Export> exports;  // by buffer id
-  std::shared_ptr<FreedIds> freed_ids = std::make_shared<FreedIds>();
-  struct Event {
-    cudaEvent_t ev = nullptr;
-    int device = 0;
-  };
-  std::vector<Event> events;                 // by table index
-  std::map<int, std::vector<int>> free_events;  // device -> indices
-  std::vector<cudaEvent_t> daemon_events;    // by index, opened lazily
-  std::map<int, c10::cuda::CUDAStream> completion;  // device -> pool stream
-  std::shared_ptr<DoneEventPool> done_events = std::make_shared<DoneEventPool>();
-  std::mutex fast_mu;  // numbering, posting and enqueuing a fast op, as one step
-  std::map<int, std::string> bus_ids;        // device -> PCI bus id
-  std::string my_bus;
-  // Stream-flag modes: flags in a GPU block we allocate and export (default: the GPU re-polls
-  // its own memory at once), or in our slot of the segment registered with CUDA ("host":
-  // polled every few ms). Interprocess events ("events") are polled as slowly.
-  // "cpu": host flags, and the daemon waits for them on its CPU (kFlagDaemonCpuWait), so its
-  // GPU streams never block on our context (see ipc/protocol.hpp).
-  enum class Mode { DeviceFlags, HostFlags, CpuWait, Events };
-  Mode mode = Mode::DeviceFlags;
-  bool use_flags = true;
-  // Rank-side execution (the default): the executor of this rank's GPU, and the tokens
-  // that tie a submitted call to the plan the daemon answers with.
-  bool rank_exec = true;
-  std::shared_ptr<client::gpu::PeerExecutor> exec;
-  // Across nodes: the arena, registered with CUDA, and the copy streams (first use).
-  std::shared_ptr<client::gpu::ArenaCopyLanes> arena_lanes;
-  std::atomic<std::uint64_t> next_token{1};
-  client::gpu::PeerExecutor& executor(int device) {
-    if (exec) {
-      if (exec->device() != device)
-        throw SmddpException(ErrorKind::InvalidArgument, "smddp: this rank already runs GPU collectives on cuda:" +
-                                                             std::to_string(exec->device()) + ", not cuda:" +
-                                                             std::to_string(device) + " (one GPU per rank)");
-      return *exec;
-    }
-    auto c = locked();
-    try {
-      exec = std::make_shared<client::gpu::PeerExecutor>(c, device, completion_stream(device).stream());
-    } catch (const std::exception& e) {
-      throw SmddpException(ErrorKind::Internal, std::string("smddp: cannot start the rank-side GPU path: ") + e.what());
-    }
-    std::weak_ptr<client::gpu::PeerExecutor> weak = exec;
-    c->set_exec_handler([weak](std::uint64_t token, const ipc::CompletionDesc& done) {
-      if (auto x = weak.lock()) x->on_completion(token, done);
-    });
-    // A peer that died may leave this rank's fast kernels waiting for its flags.
-    c->set_failure_handler([weak] {
-      if (auto x = weak.lock()) x->release_fast();
-    });
-    return *exec;
-  }
-  void* flag_block = nullptr;
-  bool flags_ready = false;
-  std::uint64_t* flags_host = nullptr;  // stream_flags[]
-  std::uintptr_t flags_dev = 0;
-  std::uint64_t* done_host = nullptr;
-  std::uintptr_t done_dev = 0;
-  void* registered = nullptr;
-  int flag_count = 0;
-  std::unordered_map<cudaStream_t, int> stream_slot;  // stream -> flag index
-  std::vector<std::uint64_t> flag_values;             // last value written per flag
-  using StreamValue = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-  StreamValue wait_value = nullptr, write_value = nullptr;
-
-  void setup_flags(int device) {
-    if (flags_ready) return;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      wait_value = reinterpret_cast<StreamValue>(fn);
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      write_value = reinterpret_cast<StreamValue>(fn);
-    cudaGetLastError();
-    if (!wait_value || !write_value)
-      throw SmddpException(ErrorKind::Unsupported, "smddp: the CUDA driver lacks stream memory operations; set SMDDP_GPU_SYNC=events");
-    if (mode == Mode::DeviceFlags) {
-      OnDevice g(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
-      // Outside torch's allocator: exportable whatever PYTORCH_CUDA_ALLOC_CONF says.
-      check(cudaMalloc(&flag_block, ipc::kFlagBlockBytes), "cudaMalloc of the smddp flag block");
-      check(cudaMemset(flag_block, 0, ipc::kFlagBlockBytes), "cudaMemset");
-      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-      cudaIpcMemHandle_t h{};
-      check(cudaIpcGetMemHandle(&h, flag_block), "cudaIpcGetMemHandle of the smddp flag block");
-      std::array<std::uint8_t, 64> bytes{};
-      std::memcpy(bytes.data(), &h, sizeof h);
-      locked()->publish_flag_block(bytes);
-      flags_dev = reinterpret_cast<std::uintptr_t>(flag_block);
-      done_dev = flags_dev + static_cast<std::uintptr_t>(ipc::kMaxEvents) * sizeof(std::uint64_t);
-      flag_count = ipc::kMaxEvents;
-      flag_values.assign(static_cast<std::size_t>(flag_count), 0);
-      flags_ready = true;
-      return;
-    }
-    auto area = locked()->gpu_sync_area();
-    if (!area) throw SmddpException(ErrorKind::Unsupported, "smddp: the client has no GPU sync area");
-    check(cudaHostRegister(area->region, area->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
-          "cudaHostRegister of the smddp segment (set SMDDP_GPU_SYNC=events to avoid it)");
-    registered = area->region;
-    void* dev = nullptr;
-    check(cudaHostGetDevicePointer(&dev, area->region, 0), "cudaHostGetDevicePointer");
-    const auto base = reinterpret_cast<std::uintptr_t>(area->region);
-    const auto dbase = reinterpret_cast<std::uintptr_t>(dev);
-    flags_host = area->stream_flags;
-    flags_dev = dbase + (reinterpret_cast<std::uintptr_t>(area->stream_flags) - base);
-    done_host = area->done_flag;
-    done_dev = dbase + (reinterpret_cast<std::uintptr_t>(area->done_flag) - base);
-    flag_count = area->stream_flag_count;
-    flag_values.assign(static_cast<std::size_t>(flag_count), 0);
-    flags_ready = true;
-  }
-
-  Export& lookup(const at::Tensor& t) { return lookup_ptr(t.data_ptr(), t.device()); }
-  Export& lookup_ptr(void* data, c10::Device device) {
-    const auto& d = driver();
-    if (!d.get_attribute || !d.get_range)
-      throw SmddpException(ErrorKind::Unsupported, "smddp: the CUDA driver lacks cuPointerGetAttribute/cuMemGetAddressRange");
-    const auto ptr = reinterpret_cast<CUdeviceptr>(data);
-    unsigned long long id = 0;
-    if (d.get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != CUDA_SUCCESS) {
-      static Export unknown;  // not exportable; the caller stages it
-      unknown.why = "cuPointerGetAttribute(BUFFER_ID) failed";
-      return unknown;
-    }
-    for (const auto gone : freed_ids->take()) exports.erase(gone);
-    auto it = exports.find(id);
-    if (it != exports.end()) return it->second;
-    Export x;
-    CUdeviceptr base = 0;
-    std::size_t size = 0;
-    if (d.get_range(&base, &size, ptr) != CUDA_SUCCESS) {
-      x.why = "cuMemGetAddressRange failed";
-    } else {
-      cudaIpcMemHandle_t h{};
-      OnDevice g(device);
-      const auto e = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        x.why = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(e) +
-                " (memory from PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or a cudaMallocAsync pool cannot be "
-                "exported)";
-      } else {
-        static_assert(sizeof h == 64);
-        std::memcpy(x.handle.data(), &h, sizeof h);
-        x.ok = true;
-        x.base = static_cast<std::uintptr_t>(base);
-        x.bytes = size;
-        ExportedSegments::get().add(x.base, id, client, freed_ids);
-      }
-    }
-    return exports.emplace(id, std::move(x)).first->second;
-  }
-
-  cudaEvent_t daemon_event(int index, int device) {
-    if (static_cast<std::size_t>(index) >= daemon_events.size()) daemon_events.resize(static_cast<std::size_t>(index) + 1, nullptr);
-    auto& ev = daemon_events[static_cast<std::size_t>(index)];
-    if (!ev) {
-      auto h = locked()->daemon_event_handle(index);
-      if (!h) throw SmddpException(ErrorKind::Internal, "smddp: the daemon named event " + std::to_string(index) + " but never published it");
-      cudaIpcEventHandle_t eh{};
-      std::memcpy(&eh, h->data(), sizeof eh);
-      OnDevice g(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
-      check(cudaIpcOpenEventHandle(&ev, eh), "cannot open the daemon's CUDA event");
-    }
-    return ev;
-  }
-
-  c10::cuda::CUDAStream completion_stream(int device) {
-    auto it = completion.find(device);
-    // High priority, as NCCL's: collectives should not queue behind the model's kernels.
-    if (it == completion.end())
-      it = completion.emplace(device, c10::cuda::getStreamFromPool(true, static_cast<c10::DeviceIndex>(device))).first;
-    return it->second;
-  }
-};
 
 CudaPath::CudaPath(std::shared_ptr<client::Client> client) : impl_(std::make_unique<Impl>()) {
   impl_->client = client;
@@ -632,139 +341,6 @@ void CudaPath::release_event(int index) {
   impl_->free_events[impl_->events[static_cast<std::size_t>(index)].device].push_back(index);
 }
 
-struct CudaPath::FastMark {
-  cudaStream_t stream = nullptr;  // what the kernel ran on
-  cudaEvent_t event = nullptr;    // after it; null when it ran on its caller's stream
-  std::weak_ptr<client::gpu::PeerExecutor> exec;  // its event pool
-  ~FastMark() {
-    if (auto x = exec.lock()) x->release_event(event);
-  }
-  // Makes `waiter` wait for the op.
-  void order(cudaStream_t waiter) const {
-    if (waiter == stream) return;
-    if (auto x = exec.lock()) {
-      try {
-        x->order_after(waiter, stream, event);
-      } catch (const std::exception& e) {
-        throw SmddpException(ErrorKind::Internal, std::string("smddp: ") + e.what());
-      }
-      return;
-    }
-    throw SmddpException(ErrorKind::Internal, "smddp: the GPU path is gone");
-  }
-};
-
-namespace {
-// The executor's view of a fast-path call (members filled in by the caller).
-client::gpu::FastOp fast_op_of(const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out,
-                               double scale) {
-  client::gpu::FastOp f;
-  f.op = call.op;
-  f.dtype = call.dtype;
-  f.reduce_op = call.reduce_op;
-  f.scale = scale;
-  f.count = call.count;
-  f.in = in.data_ptr();
-  f.out = out.data_ptr();
-  return f;
-}
-}  // namespace
-
-bool CudaPath::fast_eligible(const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out,
-                             double scale, int group_size) const {
-  if (!impl_->rank_exec || group_size < 2) return false;
-  auto f = fast_op_of(call, in, out, scale);
-  f.slots.assign(static_cast<std::size_t>(group_size), 0);
-  return client::gpu::PeerExecutor::fast_eligible(f);
-}
-
-std::pair<client::WorkPtr, std::shared_ptr<CudaPath::FastMark>> CudaPath::run_fast(
-    c10::Device device, const client::DeviceCall& call, const at::Tensor& in, const at::Tensor& out, double scale,
-    const std::vector<int>& slots, int me, bool on_caller_stream, bool copy_engines,
-    const std::function<client::WorkPtr(std::uint64_t fast_seq)>& post) {
-  OnDevice g(device);
-  std::shared_ptr<client::gpu::PeerExecutor> x;
-  {
-    std::lock_guard lk(impl_->mu);
-    impl_->executor(device.index());
-    x = impl_->exec;
-  }
-  auto f = fast_op_of(call, in, out, scale);
-  f.slots = slots;
-  f.me = me;
-  f.copy_engines = copy_engines;
-  const auto fail = [&](const std::string& why) {
-    throw SmddpException(ErrorKind::Internal, "smddp " + std::string(ipc::to_string(call.op)) + ": " + why);
-  };
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
-  std::lock_guard order(impl_->fast_mu);
-  f.seq = x->reserve_fast_seq();
-  client::WorkPtr op;
-  try {
-    // A rank whose path is off says so, and the daemon's error stops the others as well.
-    op = post(x->fast_off() ? ipc::kFastSeqOff : f.seq);
-  } catch (...) {
-    // The peers posted theirs and their kernels wait for this rank's flags.
-    try {
-      x->run_fast(f, stream, on_caller_stream, /*dry_only=*/true);
-    } catch (const std::exception&) {
-      // It always throws; the request's own error is the one to report.
-    }
-    throw;
-  }
-  try {
-    // Only before the first fast op of a member that has not started its GPU path yet.
-    for (int spin = 0; !x->fast_off() && !x->fast_ready(slots); ++spin) {
-      if (op->done() && op->status() != client::Status::Ok) {
-        x->release_fast();  // the others got the same answer and release theirs
-        fail(op->error());
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(spin < 100 ? 10 : 1000));
-    }
-    auto mark = std::make_shared<FastMark>();
-    const auto launched = x->run_fast(f, stream, on_caller_stream);
-    mark->stream = launched.stream;
-    mark->event = launched.done;
-    mark->exec = x;
-    if (!on_caller_stream) {
-      // Another stream uses the tensors: their blocks must not go to new owners on the
-      // caller's stream before it passed this op (as ProcessGroupNCCL records its stream).
-      const auto side = c10::cuda::getStreamFromExternal(launched.stream, device.index());
-      for (const at::Tensor* t : {&in, &out})
-        c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), side);
-    }
-    return {std::move(op), std::move(mark)};
-  } catch (const SmddpException&) {
-    throw;
-  } catch (const std::exception& e) {
-    x->release_fast();  // whatever failed here, this rank stops taking the path
-    fail(e.what());
-  }
-  return {};  // not reached: fail() throws
-}
-
-void CudaPath::block_current_stream(const std::shared_ptr<FastMark>& mark, c10::Device device) {
-  if (!mark) return;
-  OnDevice g(device);
-  mark->order(c10::cuda::getCurrentCUDAStream(device.index()).stream());
-}
-
-void CudaPath::on_stream_of(const std::shared_ptr<FastMark>& mark, c10::Device device,
-                            const std::function<void()>& body) {
-  OnDevice g(device);
-  c10::cuda::CUDAStreamGuard sg(c10::cuda::getStreamFromExternal(mark->stream, device.index()));
-  body();
-}
-
-void CudaPath::release_fast() {
-  std::shared_ptr<client::gpu::PeerExecutor> x;
-  {
-    std::lock_guard lk(impl_->mu);
-    x = impl_->exec;
-  }
-  if (x) x->release_fast();
-}
-
 std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device device, const std::vector<DoneMark>& daemon_done,
                                                    const std::vector<at::Tensor>& used,
                                                    const std::function<void()>& body,
@@ -868,125 +444,7 @@ void CudaPath::block_current_stream(const std::shared_ptr<Done>& done, c10::Devi
   check(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device.index()).stream(), done->event, 0), "cudaStreamWaitEvent");
 }
 
-std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device device, const void* in, void* out) {
-  std::shared_ptr<client::gpu::ArenaCopyLanes> lanes;
-  {
-    std::lock_guard lk(impl_->mu);
-    const auto client = impl_->locked();
-    auto [arena, bytes] = client->arena_region();
-    auto& l = impl_->arena_lanes;
-    if (l && (l->device() != device.index() || !l->covers(arena, bytes)))
-      throw SmddpException(ErrorKind::InvalidArgument, "smddp: this rank already stages CUDA tensors across nodes from cuda:" +
-                                                           std::to_string(l->device()) + ", not cuda:" +
-                                                           std::to_string(device.index()) + " (one GPU per rank)");
-    try {
-      if (!l) {
-        l = std::make_shared<client::gpu::ArenaCopyLanes>(device.index(), arena, bytes);
-        // The registration must go before the client unmaps the arena.
-        std::weak_ptr<client::gpu::ArenaCopyLanes> weak = l;
-        client->set_arena_release([weak] {
-          if (auto x = weak.lock()) x->release_arena();
-        });
-      }
-    } catch (const std::exception& e) {
-      throw SmddpException(ErrorKind::Internal, std::string("smddp: cannot stage CUDA tensors across nodes: ") + e.what());
-    }
-    lanes = l;
-  }
-  OnDevice g(device);
-  try {
-    return lanes->copier(in, out, c10::cuda::getCurrentCUDAStream(device.index()).stream());
-  } catch (const std::exception& e) {
-    throw SmddpException(ErrorKind::Internal, std::string("smddp: ") + e.what());
-  }
-}
-
-void CudaPath::after_arena_copies(client::StagingCopier& copier, c10::Device device) {
-  OnDevice g(device);
-  try {
-    client::gpu::ArenaCopyLanes::order_after(copier, c10::cuda::getCurrentCUDAStream(device.index()).stream());
-  } catch (const std::exception& e) {
-    throw SmddpException(ErrorKind::Internal, std::string("smddp: ") + e.what());
-  }
-}
-
-std::shared_ptr<CudaPath::Done> CudaPath::complete_after_copies(c10::Device device, client::StagingCopier& copier,
-                                                                const std::vector<at::Tensor>& used,
-                                                                const std::function<void()>& body) {
-  OnDevice g(device);
-  const auto lane = c10::cuda::getStreamFromExternal(client::gpu::ArenaCopyLanes::out_stream(copier), device.index());
-  // The copies out write the outputs there: their blocks must not go to new owners before.
-  for (const auto& t : used)
-    if (t.defined() && t.is_cuda() && t.has_storage())
-      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), lane);
-  {
-    c10::cuda::CUDAStreamGuard sg(lane);
-    body();
-  }
-  auto done = std::make_shared<Done>();
-  done->device = device.index();
-  done->pool = impl_->done_events;
-  done->event = done->pool->take(done->device);
-  check(cudaEventRecord(done->event, lane.stream()), "cudaEventRecord");
-  return done;
-}
-
-#else  // no CUDA in this torch
-
-bool compiled() noexcept { return false; }
-std::optional<std::string> capture_refusal(c10::Device) { return std::nullopt; }
-std::optional<std::string> current_capture_refusal() { return std::nullopt; }
-std::string local_bus_id() { return {}; }
-struct CudaPath::Impl {};
-struct CudaPath::Done {};
-CudaPath::CudaPath(std::shared_ptr<client::Client>) {}
-CudaPath::~CudaPath() = default;
-bool CudaPath::exportable(const at::Tensor&) { return false; }
-client::DeviceBuffer CudaPath::buffer(const at::Tensor&, const char* op) {
-  throw_unsupported(op, "this smddp build has no GPU path (torch without CUDA)");
-}
-void CudaPath::mark_inputs(c10::Device, client::DeviceCall&) {}
-bool CudaPath::rank_exec() const noexcept { return false; }
-void CudaPath::prepare_rank_exec(c10::Device, client::DeviceCall&, void*, void*, double) {}
-void CudaPath::forget_rank_exec(std::uint64_t) {}
-std::optional<std::string> CudaPath::run_rank_exec(std::uint64_t) { return std::nullopt; }
-void* CudaPath::staging_ptr(const std::shared_ptr<Staging>&) { return nullptr; }
-void CudaPath::release_event(int) {}
-std::shared_ptr<CudaPath::Done> CudaPath::complete(c10::Device, const std::vector<DoneMark>&, const std::vector<at::Tensor>&,
-                                                   const std::function<void()>& body, const std::shared_ptr<FastMark>&) {
-  body();
-  return nullptr;
-}
-struct CudaPath::FastMark {};
-bool CudaPath::fast_eligible(const client::DeviceCall&, const at::Tensor&, const at::Tensor&, double, int) const {
-  return false;
-}
-std::pair<client::WorkPtr, std::shared_ptr<CudaPath::FastMark>> CudaPath::run_fast(
-    c10::Device, const client::DeviceCall&, const at::Tensor&, const at::Tensor&, double, const std::vector<int>&, int,
-    bool, bool, const std::function<client::WorkPtr(std::uint64_t)>&) {
-  return {};
-}
-void CudaPath::block_current_stream(const std::shared_ptr<FastMark>&, c10::Device) {}
-void CudaPath::on_stream_of(const std::shared_ptr<FastMark>&, c10::Device, const std::function<void()>& body) { body(); }
-void CudaPath::release_fast() {}
-void CudaPath::block_current_stream(const std::shared_ptr<Done>&, c10::Device) {}
-struct CudaPath::Staging {};
-std::shared_ptr<CudaPath::Staging> CudaPath::stage_in(c10::Device, std::size_t, const at::Tensor*) { return nullptr; }
-client::DeviceBuffer CudaPath::staging_buffer(const std::shared_ptr<Staging>&, std::size_t) { return {}; }
-void CudaPath::copy_out(const std::shared_ptr<Staging>&, const at::Tensor&) {}
-void CudaPath::release_staging(std::shared_ptr<Staging>, std::shared_ptr<Done>) {}
-std::shared_ptr<client::StagingCopier> CudaPath::arena_copier(c10::Device, const void*, void*) {
-  throw SmddpException(ErrorKind::Unsupported, "smddp: this smddp build has no GPU path (torch without CUDA)");
-}
-void CudaPath::after_arena_copies(client::StagingCopier&, c10::Device) {}
-std::shared_ptr<CudaPath::Done> CudaPath::complete_after_copies(c10::Device, client::StagingCopier&,
-                                                                const std::vector<at::Tensor>&,
-                                                                const std::function<void()>& body) {
-  body();
-  return nullptr;
-}
-
-#endif
+#endif  // SMDDP_PLUGIN_CUDA
 
 std::shared_ptr<CudaPath> path_for(const std::shared_ptr<client::Client>& client) {
   static std::mutex mu;
