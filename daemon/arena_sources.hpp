@@ -9,7 +9,7 @@
 // rank counts the Sources completions it has copied (RankSlot::sources_done, in ring order),
 // the daemon numbers each member's copy of the chunk in that count (SourceReader), and a member
 // reuses its region once every reader's count reached its number (client.cpp). A release sent
-// to the daemon and answered (the first form, session 17) cost 10-15 us an op on 2 cores.
+// to the daemon and answered (an earlier form) cost 10-15 us an op on 2 cores.
 #pragma once
 
 #include <cstdint>

@@ -12,9 +12,9 @@
 # latency_probe, gpu_multinode), then the benchmark sweep (16 B to 1 GiB beside NCCL), the overlap
 # benchmark and CUDA tensors across 2 simulated nodes, each step under its own time limit so that
 # one hang cannot eat the call. On 2xH200 it takes 8-10 minutes (the collectives suite alone
-# 4-6, more on a slow lease): to stay inside one 10-minute call, split it, e.g. `--no-bench
-# --mpirun-training` in one call and `--skip gpu_collectives,gpu_capture,gpu_training,gpu_multinode` in the
-# next (session 8 did).
+# 4-6, more on a slow host): to stay inside a 10-minute limit, split it, e.g. `--no-bench
+# --mpirun-training` in one run and `--skip gpu_collectives,gpu_capture,gpu_training,gpu_multinode`
+# in the next.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"

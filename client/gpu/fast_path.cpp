@@ -274,8 +274,8 @@ void PeerExecutor::run_fast_copies(const kernels::FastArgs& a, cudaStream_t s) {
   // CPU issues it (with 2 ranks: three copies and one batch of flag operations). Once
   // enqueued the op must run to its end, or the peers would wait for this rank's flag: a
   // failed copy only makes the result wrong, and is reported.
-  // torch's default stream is the legacy default stream, where every call costs more (session
-  // 8 call 2: a cudaMemcpyAsync took 5.3 us of CPU there, 3.0 us on the per-thread stream) and
+  // torch's default stream is the legacy default stream, where every call costs more (2x H200
+  // host: a cudaMemcpyAsync took 5.3 us of CPU there, 3.0 us on the per-thread stream) and
   // cudaMemcpyBatchAsync is refused. The per-thread default stream is ordered with the legacy
   // stream both ways (both are blocking streams), so the op runs there with no event between.
   if (s == nullptr || s == cudaStreamLegacy) s = cudaStreamPerThread;
@@ -286,9 +286,8 @@ void PeerExecutor::run_fast_copies(const kernels::FastArgs& a, cudaStream_t s) {
     if (auto c = client_.lock()) c->count_gpu_work(ipc::OpType::AllGather, 0, n_copies);
   };
   // The same steps as a CUDA graph, built once per buffers and staging turn: one launch and
-  // one update of its flag values instead of three or four driver calls (session 9, calls 4
-  // and 5: 3-4 us less per small op, 35 against 38 us in place and 33 against 37 out of place
-  // on one lease). A graph that cannot be built or launched leaves the op to the calls below
+  // one update of its flag values instead of three or four driver calls (measured on 2x H200:
+  // 3-4 us less per small op, 35 against 38 us in place and 33 against 37 out of place). A graph that cannot be built or launched leaves the op to the calls below
   // (nothing of it was enqueued), and this rank to them from then on. SMDDP_SDP_FAST_GRAPH=0:
   // no graphs.
   if (SdpGraph* g = sdp_graph(a)) {
@@ -316,8 +315,8 @@ void PeerExecutor::run_fast_copies(const kernels::FastArgs& a, cudaStream_t s) {
   constexpr std::size_t kMaxCopiesOneByOne = 4;
   static std::atomic<bool> batch_copies{true};
   const auto copies = [&] {
-    // A batch costs more CPU than a few copies (session 8 call 3: 13 us for 2 copies, against
-    // 3 us each one by one), so only larger groups batch.
+    // A batch costs more CPU than a few copies (measured on 2x H200: 13 us for 2 copies,
+    // against 3 us each one by one), so only larger groups batch.
     if (dst.size() > kMaxCopiesOneByOne && batch_copies.load(std::memory_order_relaxed)) {
       std::vector<std::size_t> sizes(dst.size(), bytes);
       cudaMemcpyAttributes attr{};
@@ -406,7 +405,7 @@ PeerExecutor::SdpGraph* PeerExecutor::sdp_graph(const kernels::FastArgs& a) {
     auto* out = static_cast<std::byte*>(a.out);
     std::byte* own = out + static_cast<std::uint64_t>(a.me) * bytes;
     // One chain, in the order of the calls below: a graph whose own-block copy ran beside
-    // the rest (no edge to it) was slower to launch out of place (session 9, call 5).
+    // the rest (no edge to it) was slower to launch out of place (measured on 2x H200).
     cudaGraphNode_t last = nullptr, node = nullptr;
     if (cudaGraphCreate(&g.graph, 0) != cudaSuccess ||
         cudaGraphAddMemcpyNode1D(&last, g.graph, nullptr, 0, a.stage[a.me], a.in, bytes, cudaMemcpyDeviceToDevice) !=

@@ -69,7 +69,7 @@ std::size_t arena_bytes(const ipc::Segment& segment, int ranks) {
 }
 
 // Where the provider wants local buffers registered, the pool registers each staging buffer
-// once. The transport outlives the pool (Engine's member order) and every lease's registration
+// once. The transport outlives the pool (Engine's member order) and every buffer's registration
 // goes before its domain (staging_pool.hpp).
 StagingPool::Registrar staging_registrar(transport::Transport* t) {
   if (!t->needs_registration()) return {};
@@ -227,17 +227,17 @@ namespace {
 // A heartbeat or failure notice in a staging buffer: registered once where the provider wants
 // local buffers registered (efa), where a buffer of its own would be registered and deregistered
 // around every message (heartbeats: five a second each way per peer). The callback that holds
-// it keeps it, and the lease gives the buffer back to the pool with it.
+// it keeps it, and the Buffer goes back to the pool with it.
 template <class T>
 class ControlMessage {
  public:
   static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
-  explicit ControlMessage(StagingPool& pool) : lease_(pool.take(sizeof(T))) { std::construct_at(get()); }
-  T* get() const { return reinterpret_cast<T*>(lease_.get()); }
-  const transport::MemoryRegion* region() const { return lease_.region(); }
+  explicit ControlMessage(StagingPool& pool) : buffer_(pool.take(sizeof(T))) { std::construct_at(get()); }
+  T* get() const { return reinterpret_cast<T*>(buffer_.get()); }
+  const transport::MemoryRegion* region() const { return buffer_.region(); }
 
  private:
-  StagingPool::Lease lease_;
+  StagingPool::Buffer buffer_;
 };
 }  // namespace
 

@@ -42,7 +42,7 @@ struct Op : std::enable_shared_from_this<Op> {
   bool stall_reported = false;
   std::uint64_t key = 0;                 // hash of (comm, seq, chunk): the base of every tag
   std::uint64_t bytes = 0;
-  std::vector<StagingPool::Lease> buffers;  // staging, back to the pool with the op
+  std::vector<StagingPool::Buffer> buffers;  // staging, back to the pool with the op
   std::vector<std::vector<std::int64_t>> splits;      // alltoall split tables by group rank
 
   const ipc::RequestDesc& d0() const { return descs.front(); }

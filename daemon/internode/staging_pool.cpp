@@ -11,9 +11,9 @@ namespace {
 constexpr std::size_t kPage = 4096;
 }  // namespace
 
-struct StagingPool::Lease::Shared {
+struct StagingPool::Buffer::Shared {
   std::mutex mu;
-  bool open = true;  // false once the pool is gone: leases free their buffers themselves
+  bool open = true;  // false once the pool is gone: buffers free their memory themselves
   std::size_t max_cached = 0;
   std::size_t cached = 0;
   std::size_t allocations = 0;
@@ -22,12 +22,12 @@ struct StagingPool::Lease::Shared {
 };
 
 StagingPool::StagingPool(std::size_t max_cached_bytes, Registrar registrar)
-    : shared_(std::make_shared<Lease::Shared>()), registrar_(std::move(registrar)) {
+    : shared_(std::make_shared<Buffer::Shared>()), registrar_(std::move(registrar)) {
   shared_->max_cached = max_cached_bytes;
 }
 
 StagingPool::~StagingPool() {
-  std::vector<std::unique_ptr<Lease::Block>> dropped;  // freed outside the lock
+  std::vector<std::unique_ptr<Buffer::Block>> dropped;  // freed outside the lock
   std::lock_guard lk(shared_->mu);
   shared_->open = false;
   for (auto& [capacity, blocks] : shared_->free)
@@ -36,7 +36,7 @@ StagingPool::~StagingPool() {
   shared_->cached = 0;
 }
 
-StagingPool::Lease StagingPool::take(std::size_t bytes) {
+StagingPool::Buffer StagingPool::take(std::size_t bytes) {
   const std::size_t capacity = std::bit_ceil(std::max(bytes, kPage));
   {
     std::lock_guard lk(shared_->mu);
@@ -45,11 +45,11 @@ StagingPool::Lease StagingPool::take(std::size_t bytes) {
       auto b = std::move(it->second.back());
       it->second.pop_back();
       shared_->cached -= capacity;
-      return Lease(shared_, std::move(b));
+      return Buffer(shared_, std::move(b));
     }
     ++shared_->allocations;
   }
-  auto block = std::make_unique<Lease::Block>();
+  auto block = std::make_unique<Buffer::Block>();
   block->data.reset(static_cast<std::byte*>(std::aligned_alloc(kPage, capacity)));
   if (!block->data) throw std::bad_alloc();
   block->capacity = capacity;
@@ -70,7 +70,7 @@ StagingPool::Lease StagingPool::take(std::size_t bytes) {
                      capacity, e.what());
     }
   }
-  return Lease(shared_, std::move(block));
+  return Buffer(shared_, std::move(block));
 }
 
 std::size_t StagingPool::cached_bytes() const {
@@ -88,7 +88,7 @@ std::size_t StagingPool::registration_failures() const {
   return shared_->registration_failures;
 }
 
-void StagingPool::Lease::give_back() noexcept {
+void StagingPool::Buffer::give_back() noexcept {
   if (!block_ || !pool_) {
     block_.reset();
     pool_.reset();
@@ -110,7 +110,7 @@ void StagingPool::Lease::give_back() noexcept {
   pool_.reset();
 }
 
-StagingPool::Lease& StagingPool::Lease::operator=(Lease&& other) noexcept {
+StagingPool::Buffer& StagingPool::Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     give_back();
     pool_ = std::move(other.pool_);
@@ -119,6 +119,6 @@ StagingPool::Lease& StagingPool::Lease::operator=(Lease&& other) noexcept {
   return *this;
 }
 
-StagingPool::Lease::~Lease() { give_back(); }
+StagingPool::Buffer::~Buffer() { give_back(); }
 
 }  // namespace smddp::daemon::internode

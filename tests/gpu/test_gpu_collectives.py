@@ -28,8 +28,7 @@ def test_gpu_expandable_segments():
 
 def test_gpu_daemon_exec():
     # SMDDP_GPU_EXEC=daemon: the daemon runs every kernel and copy itself (the first design,
-    # deviation 15). The idle uneven-AllToAll rank included (session 8 call 5 ran this worker
-    # in that mode with --big: passed).
+    # docs/design.md). The idle uneven-AllToAll rank included.
     n = gpu_ranks()
     res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579,4194311"], timeout=600,
                   extra_env={"SMDDP_GPU_EXEC": "daemon"})

@@ -1,5 +1,5 @@
 // The staging pool of operations across nodes: buffers come back for reuse, the cache stays
-// within its bound, and a lease that outlives its pool frees its buffer on its own.
+// within its bound, and a buffer that outlives its pool frees its memory on its own.
 #include "daemon/internode/staging_pool.hpp"
 
 #include <gtest/gtest.h>
@@ -16,13 +16,13 @@ using smddp::daemon::internode::StagingPool;
 TEST(StagingPool, BuffersArePageAlignedPowersOfTwoAtLeastTheSizeAsked) {
   StagingPool pool(1 << 20);
   for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{4097}, std::size_t{300000}}) {
-    auto lease = pool.take(bytes);
-    ASSERT_NE(lease.get(), nullptr);
-    EXPECT_GE(lease.capacity(), std::max<std::size_t>(bytes, 1));
-    EXPECT_GE(lease.capacity(), 4096u);
-    EXPECT_EQ(lease.capacity() & (lease.capacity() - 1), 0u) << lease.capacity();
-    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(lease.get()) % 4096, 0u);
-    std::memset(lease.get(), 0xab, lease.capacity());  // all of it is ours (ASan checks)
+    auto buffer = pool.take(bytes);
+    ASSERT_NE(buffer.get(), nullptr);
+    EXPECT_GE(buffer.capacity(), std::max<std::size_t>(bytes, 1));
+    EXPECT_GE(buffer.capacity(), 4096u);
+    EXPECT_EQ(buffer.capacity() & (buffer.capacity() - 1), 0u) << buffer.capacity();
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer.get()) % 4096, 0u);
+    std::memset(buffer.get(), 0xab, buffer.capacity());  // all of it is ours (ASan checks)
   }
 }
 
@@ -48,12 +48,12 @@ TEST(StagingPool, AReturnedBufferIsReusedForTheSameSizeClass) {
 
 TEST(StagingPool, TheCacheKeepsNoMoreThanItsBound) {
   StagingPool pool(2 << 20);  // room for two 1 MiB buffers
-  std::vector<StagingPool::Lease> leases;
-  for (int i = 0; i < 5; ++i) leases.push_back(pool.take(1 << 20));
-  leases.clear();  // three of the five go back to the system
+  std::vector<StagingPool::Buffer> buffers;
+  for (int i = 0; i < 5; ++i) buffers.push_back(pool.take(1 << 20));
+  buffers.clear();  // three of the five go back to the system
   EXPECT_EQ(pool.cached_bytes(), 2u << 20);
-  leases.push_back(pool.take(1 << 20));
-  leases.push_back(pool.take(1 << 20));
+  buffers.push_back(pool.take(1 << 20));
+  buffers.push_back(pool.take(1 << 20));
   EXPECT_EQ(pool.cached_bytes(), 0u);
   EXPECT_EQ(pool.allocations(), 5u);
   StagingPool none(0);  // a pool that keeps nothing still hands out buffers
@@ -61,12 +61,12 @@ TEST(StagingPool, TheCacheKeepsNoMoreThanItsBound) {
   EXPECT_EQ(none.cached_bytes(), 0u);
 }
 
-TEST(StagingPool, MovedLeasesReturnTheirBufferOnceAndALeaseMayOutliveItsPool) {
+TEST(StagingPool, MovedBuffersReturnTheirMemoryOnceAndABufferMayOutliveItsPool) {
   std::optional<StagingPool> pool(std::in_place, 1 << 20);
   auto a = pool->take(8192);
-  StagingPool::Lease b = std::move(a);
+  StagingPool::Buffer b = std::move(a);
   EXPECT_EQ(a.get(), nullptr);
-  StagingPool::Lease c;
+  StagingPool::Buffer c;
   c = std::move(b);
   EXPECT_EQ(pool->cached_bytes(), 0u);
   auto other = pool->take(8192);
