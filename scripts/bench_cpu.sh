@@ -2,7 +2,9 @@
 # CPU collectives, side by side: smddp-bench (through smddprun and the daemon), mpi-bench
 # (Open MPI over shared memory) and gloo_bench.py (torch.distributed gloo), same ranks, same
 # sizes, same nccl-tests-style measurement. Raw reports go to RESULTS/raw/, the comparison is
-# printed and written as markdown to RESULTS/bench_cpu.md.
+# printed and written as markdown to RESULTS/bench_cpu.md. RESULTS defaults to
+# results/<today>-cpu-bench/ (one folder per measurement; add a README.md with the commit and
+# hardware before committing it).
 #
 #   scripts/bench_cpu.sh                          # 2 ranks, allreduce+allgather, 8 B..64 MiB
 #   scripts/bench_cpu.sh --ops allreduce --min 1K --max 16M --factor 4 --ranks 2
@@ -14,7 +16,7 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 build="$here/build"
-results="$here/results"
+results="$here/results/$(date -u +%F)-cpu-bench"
 ranks=2
 ops="allreduce,allgather"
 min=8

@@ -2,11 +2,11 @@
 # GPU benchmarks for device-check.sh: smddp vs NCCL through torch.distributed (latency and
 # busbw from 8 B to 1 GiB, then the matmul-overlap benchmark), via smddprun and torchrun.
 #
-#   scripts/bench_gpu.sh --build DIR --results DIR
+#   scripts/bench_gpu.sh --build DIR --results DIR     # RESULTS defaults to results/<today>-gpu-bench/
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$here/build"
-results="$here/results/gpu"
+results="$here/results/$(date -u +%F)-gpu-bench"
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build="$2"; shift ;;

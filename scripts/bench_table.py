@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown tables from the text output of scripts/bench_torch.py (its log), for the README.
+"""Markdown tables from the text output of scripts/bench_torch.py (its log), for docs/performance.md.
 
     scripts/bench_table.py LOG [LOG...]
 

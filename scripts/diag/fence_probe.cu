@@ -22,10 +22,10 @@
 // back, each followed by a fence, timed until the last copy is over (stream synchronize) and
 // until the last fence's host function ran:
 //   none        copies only (the floor)
-//   on-lane     event + host function on the copies' stream (the copier until session 13):
+//   on-lane     event + host function on the copies' stream (an earlier form of the copier):
 //               each host function holds back the next copy until CUDA's callback thread ran it
 //   signal      event on the copies' stream, host function on a second stream that waits for
-//               the event (the copier since session 13)
+//               the event (the copier's form today)
 #include <cuda.h>
 #include <cuda_runtime.h>
 

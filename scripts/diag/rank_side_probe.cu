@@ -584,7 +584,7 @@ static void run_forms(int me, float* in, float* out, float* pin, float* pout, un
               const unsigned long long variant_start = stream_pieces;
               const auto body = [&] {
                 // The kernel first: a copy stream blocked on a credit may share a hardware queue
-                // with s, and the kernel behind it there would never start (call 6 hung so).
+                // with s, and the kernel behind it there would never start (an earlier run hung so).
                 CK(cudaEventRecord(fork, s));
                 stream_reduce<<<blocks, 512, 0, s>>>(
                     reinterpret_cast<const float4*>(in), reinterpret_cast<const float4*>(scratch),
