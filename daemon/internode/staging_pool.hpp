@@ -16,7 +16,7 @@ namespace smddp::daemon::internode {
 // scatters it), kept for reuse. Fresh heap memory for every message made the fabric's copies
 // into it fault in each page, and glibc handed large freed blocks straight back to the kernel:
 // with the memory kept, 16-64 MiB allreduces across 2 simulated nodes ran 1.3-1.8x faster
-// (docs/performance.md).
+// (docs/across-nodes.md, docs/performance.md).
 //
 // Buffers come in power-of-two sizes from 4 KiB, page-aligned. Where the provider wants local
 // buffers registered (efa), each buffer is registered once, when it is made, instead of for

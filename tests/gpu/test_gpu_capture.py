@@ -24,7 +24,7 @@ def test_gpu_cuda_graph_capture(exec_mode):
 
 @pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU (GPU tests skip on CPU machines)")
 def test_gpu_cuda_graph_capture_world_of_one():
-    # The same checks where one GPU is lent: a world of one rank issues no peer work, but the
+    # The same checks on a machine with one GPU: a world of one rank issues no peer work, but the
     # refusals, and the group's calls after them, take the same path.
     extra = {k: os.environ[k] for k in ("SMDDP_TEST_STACKS_AFTER",) if os.environ.get(k)}
     res = run_job("gpu_capture_worker.py", 1, timeout=200, extra_env=extra)

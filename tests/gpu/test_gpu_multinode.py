@@ -29,7 +29,7 @@ def test_gpu_collectives_across_two_simulated_nodes():
 @pytest.mark.skipif(gpu_count() < 1, reason="needs a CUDA GPU (GPU tests skip on CPU machines)")
 def test_gpu_collectives_across_two_simulated_nodes_sharing_one_gpu():
     # Across nodes CUDA tensors only cross the arena and the fabric, never another GPU: two
-    # simulated nodes on one GPU check that path where only one GPU is lent (no NCCL, which
+    # simulated nodes on one GPU check that path on a machine with one GPU (no NCCL, which
     # refuses ranks that share a GPU; the reference only).
     res = run_job("gpu_collectives_worker.py", 1, args=["--sizes", "1,7,1048579"], timeout=600,
                   smddprun_args=("--simulate-nodes", "2"),
