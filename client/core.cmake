@@ -10,5 +10,5 @@ target_link_libraries(smddp_client PUBLIC smddp_ipc Threads::Threads)
 
 # How GPU collectives decompose into steps (client/gpu/schedule.hpp): plain C++, so it is part
 # of the core and of the sanitizer builds; the CUDA executor that runs it is in client/gpu.
-add_library(smddp_gpu_schedule STATIC ${CMAKE_CURRENT_LIST_DIR}/gpu/schedule.cpp)
+add_library(smddp_gpu_schedule STATIC ${CMAKE_CURRENT_LIST_DIR}/gpu/schedule.cpp ${CMAKE_CURRENT_LIST_DIR}/gpu/hier_schedule.cpp)
 target_link_libraries(smddp_gpu_schedule PUBLIC smddp_ipc)

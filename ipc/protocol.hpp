@@ -75,9 +75,20 @@ inline constexpr std::uint64_t kFastSeqOff = ~std::uint64_t{0};
 // bytes (allgather, broadcast, gather, scatter, even alltoall) within one node; otherwise it
 // ignores the flag.
 inline constexpr std::uint32_t kFlagReadSources = 1u << 9;
+// GPU path, rank-side execution (with kFlagRankExec) in a group that spans nodes: the daemon
+// answers the members on this node with a plan of them alone. The ranks run their in-node part
+// (a reduce-scatter over NVLink, copies) and move only their shard across nodes, as a host
+// operation on a rail communicator (kFlagRail): the members of the group with the same local
+// index, one per node (client/gpu/hier_schedule.hpp). Every node must hold as many members.
+inline constexpr std::uint32_t kFlagHierarchical = 1u << 10;
+// Host path: this operation carries one GPU's shard of a hierarchical operation across nodes
+// (its bytes are staged from and to CUDA memory). It runs as any host operation; the daemon
+// counts it apart for the operator.
+inline constexpr std::uint32_t kFlagRail = 1u << 11;
 inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
                                              kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait |
-                                             kFlagRankExec | kFlagRankFast | kFlagReadSources;
+                                             kFlagRankExec | kFlagRankFast | kFlagReadSources |
+                                             kFlagHierarchical | kFlagRail;
 
 struct RequestDesc {
   std::uint64_t request_id = 0;  // client-chosen, echoed in the completion

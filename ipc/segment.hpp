@@ -26,8 +26,9 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 6;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
-                                                    // 5: released allocations; 6: reads from the members' arenas
+inline constexpr std::uint32_t kLayoutVersion = 7;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+                                                    // 5: released allocations; 6: reads from the members' arenas;
+                                                    // 7: hierarchical GPU operations, staged bytes
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -101,6 +102,10 @@ struct RankSlot {
   std::atomic<std::uint64_t> gpu_ops[kOpTypeCount] = {};
   std::atomic<std::uint64_t> gpu_kernels[kOpTypeCount] = {};
   std::atomic<std::uint64_t> gpu_copies{0};
+  // Bytes this rank copied from its GPU into its arena, and from its arena into its GPU, for
+  // operations whose bytes cross nodes (by operation type). Written by the rank only.
+  std::atomic<std::uint64_t> staged_to_host[kOpTypeCount] = {};
+  std::atomic<std::uint64_t> staged_to_device[kOpTypeCount] = {};
   // Rank -> daemon: ids (CU_POINTER_ATTRIBUTE_BUFFER_ID) of exported CUDA allocations the rank
   // freed. Whoever mapped one must close the mapping: an open mapping keeps the owner's freed
   // memory held. Id i (i < released_count) is released_ids[i % kMaxReleased]; the rank
@@ -122,7 +127,11 @@ static_assert((kMaxEvents + 1) * 8 <= kFlagBlockBytes);
 // kFlagRankExec: word kBarrierFlagBase + w of a rank's flag block is written by local rank w
 // (counts of the barriers the two ranks passed together), waited on by the block's owner.
 inline constexpr std::size_t kBarrierFlagBase = kMaxEvents + 8;
-static_assert((kBarrierFlagBase + kMaxLocalRanks) * 8 <= kFlagBlockBytes);
+// kFlagHierarchical: the closing barriers of hierarchical operations, counted apart (word
+// kTailFlagBase + w, written by local rank w). They run when the operation's bytes are back
+// from the other nodes, later than the plans after it, whose barriers keep their own count.
+inline constexpr std::size_t kTailFlagBase = kBarrierFlagBase + kMaxLocalRanks;
+static_assert((kTailFlagBase + kMaxLocalRanks) * 8 <= kFlagBlockBytes);
 
 struct SegmentSpec {
   std::string job_id;

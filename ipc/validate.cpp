@@ -179,6 +179,14 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
     if (!device && !idle_member) return bad("rank-side GPU execution of a host request");
     if (r.flags & (kFlagStreamValue | kFlagDaemonCpuWait)) return bad("rank-side GPU execution with daemon-side flags");
   }
+  if (r.flags & kFlagHierarchical) {
+    if (!(r.flags & kFlagRankExec)) return bad("a hierarchical GPU operation without rank-side execution");
+    if (r.op != OpType::AllReduce && r.op != OpType::ReduceScatter && r.op != OpType::AllGather &&
+        r.op != OpType::Reduce && r.op != OpType::Broadcast)
+      return bad("only allreduce, reduce_scatter, allgather, reduce and broadcast run hierarchically across nodes");
+    if (r.flags & kFlagSplits) return bad("a hierarchical operation carries no split tables");
+  }
+  if ((r.flags & kFlagRail) && device) return bad("a rail operation is a host operation");
   return std::nullopt;
 }
 
