@@ -227,7 +227,7 @@ std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::millisecon
     std::lock_guard lk(mu_);
     if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
     if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
-    note_order_locked(op);
+    if (!op->plan_.ordered_by_caller) note_order_locked(op);
     if (is_p2p(op->plan_.base.op)) p2p_.push_back(op);
     else queue_.push_back(op);
     ++active_;

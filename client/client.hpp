@@ -93,6 +93,9 @@ struct DeviceCall {
   // The ranks' fast path (ipc::kFlagRankFast): the caller already enqueued the GPU work; the
   // request carries no buffers and its completion only says whether the members agreed.
   bool fast = false;
+  // With rank_exec, in a group that spans nodes (ipc::kFlagHierarchical): the plan names this
+  // node's members only; the caller moves its shard across nodes itself, on its rail.
+  bool hierarchical = false;
 };
 
 // Moves a host operation's bytes between the caller's buffers and the rank's arena when they
@@ -142,6 +145,10 @@ struct CallOptions {
   // Host operations only: the buffers are not host memory; `copier` moves their bytes (the
   // buffer pointers passed are only checked for null).
   std::shared_ptr<StagingCopier> copier;
+  // Host operations only (ipc::kFlagRail): one GPU's shard of a hierarchical operation across
+  // nodes. The caller orders it against other operations on the same memory (the client does
+  // not: the buffer pointers then only name where the copier's stretches start).
+  bool rail = false;
 };
 
 class Work {

@@ -75,6 +75,8 @@ struct OpPlan {
   std::uint64_t exec_token = 0;
   // Host path on memory the client cannot memcpy (CallOptions::copier).
   std::shared_ptr<StagingCopier> copier;
+  // CallOptions::rail: the caller orders it against other operations on the same memory.
+  bool ordered_by_caller = false;
 };
 
 class OpState final : public Work, public std::enable_shared_from_this<OpState> {

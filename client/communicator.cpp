@@ -202,6 +202,10 @@ class CommImpl final : public Communicator {
     p.rank_exec = c.rank_exec;
     p.exec_token = c.exec_token;
     if (c.rank_exec) p.base.flags |= ipc::kFlagRankExec;
+    if (c.hierarchical) {
+      if (!c.rank_exec) throw Error(Status::InvalidRequest, "a hierarchical GPU request runs rank-side (rank_exec)");
+      p.base.flags |= ipc::kFlagHierarchical;
+    }
     if (c.fast) {
       if (c.rank_exec || c.input || c.output || c.stream_value || c.wait_event != -1 || !c.splits.empty())
         throw Error(Status::InvalidRequest, "a fast-path request carries no buffers, events or plans");
@@ -283,6 +287,11 @@ class CommImpl final : public Communicator {
     if (o.copier) {
       if (p.device) throw Error(Status::InvalidRequest, "a GPU-path request has no staging to copy through");
       p.copier = o.copier;
+    }
+    if (o.rail) {
+      if (p.device || !o.copier) throw Error(Status::InvalidRequest, "a rail operation is a host operation with a copier");
+      p.base.flags |= ipc::kFlagRail;
+      p.ordered_by_caller = true;
     }
     const auto timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
     p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(timeout.count(), UINT32_MAX));

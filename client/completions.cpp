@@ -77,6 +77,7 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
         if (p.copier) {
           p.copier->copy_out(to, from, len);
           copied_out = true;
+          slot_.staged_to_device[static_cast<std::size_t>(p.base.op)].fetch_add(len, std::memory_order_relaxed);
         } else {
           std::memcpy(p.out + to, from, len);
         }

@@ -54,6 +54,7 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
     if (copier) {
       copier->copy_in(to, from, len);
       copied_in = true;
+      slot_.staged_to_host[static_cast<std::size_t>(p.base.op)].fetch_add(len, std::memory_order_relaxed);
     } else {
       std::memcpy(to, p.in + from, len);
     }

@@ -38,11 +38,13 @@ void address(ipc::CompletionDesc& c, const Posted& p, ipc::CompletionKind kind) 
 constexpr auto kHousekeepingEvery = std::chrono::milliseconds(50);
 constexpr auto kIdleSleep = std::chrono::microseconds(100000);
 constexpr std::size_t kMaxErrorsKept = 32;
-// The GPU path is one node's for now: CUDA tensors of a group that spans nodes would need
-// device-to-host staging into registered memory (issue 5, part 3).
+// The daemon's own GPU executor (SMDDP_GPU_EXEC=daemon) and the ranks' plans serve groups within
+// one node; CUDA tensors of a group that spans nodes reach the daemon as hierarchical plans
+// (kFlagHierarchical) or as host operations staged through the ranks' arenas.
 constexpr const char* kDeviceAcrossNodes =
-    "smddp: CUDA tensors in a group that spans nodes are not supported yet (the GPU path works inside one node); "
-    "use CPU tensors, or a group whose ranks share a node";
+    "smddp: this GPU request cannot run in a group that spans nodes: the daemon's GPU executor "
+    "(SMDDP_GPU_EXEC=daemon) and in-node plans serve groups within one node; unset SMDDP_GPU_EXEC, use CPU "
+    "tensors, or a group whose ranks share a node";
 
 std::vector<int> world_slots(const JobLayout& l) {
   std::vector<int> slots(static_cast<std::size_t>(l.num_nodes * l.nproc_per_node), -1);
@@ -339,7 +341,7 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     resolve(matcher_.fail_partners(p.group_rank, d, status, why));
     if (const Communicator* comm = matcher_.find(d.comm_id)) tell_other_nodes(*comm, p.group_rank, d, status, why);
   };
-  // --- GPU path (issue 5): CUDA buffers need the GPU executor, created on first use.
+  // --- GPU path: CUDA buffers need the GPU executor, created on first use.
   if (d.flags & ipc::kFlagRankExec) {
     ctx.cuda_enabled = true;  // the ranks run it; the daemon maps nothing
   } else if (cuda::is_device_request(d)) {
@@ -415,8 +417,17 @@ void Daemon::resolve(std::vector<Match> matches) {
       m.status = Status::Mismatch;
       m.error = *err;
     }
-    if (m.status == Status::Ok && m.comm && engine_ && engine_->spans_nodes(*m.comm) && op != OpType::CommCreate &&
-        op != OpType::Send && op != OpType::Recv) {
+    const auto hierarchical = [](const Posted& p) { return (p.desc.flags & ipc::kFlagHierarchical) != 0; };
+    const bool across = m.comm && engine_ && engine_->spans_nodes(*m.comm);
+    if (m.status == Status::Ok && m.comm && std::any_of(m.posted.begin(), m.posted.end(), hierarchical)) {
+      // CUDA tensors across nodes: this node's members get a plan of themselves; their shards
+      // cross the nodes as host operations on their rails (ipc/protocol.hpp, kFlagHierarchical).
+      if (auto err = check_hierarchical(m, across)) {
+        m.status = Status::Mismatch;
+        m.error = *err;
+      }
+    } else if (m.status == Status::Ok && across && op != OpType::CommCreate && op != OpType::Send &&
+               op != OpType::Recv) {
       if (std::any_of(m.posted.begin(), m.posted.end(), [](const Posted& p) {
             return cuda::is_device_request(p.desc) || (p.desc.flags & ipc::kFlagRankExec);
           })) {
@@ -494,7 +505,33 @@ void Daemon::resolve(std::vector<Match> matches) {
   }
 }
 
-// --- GPU path (issue 5) -------------------------------------------------------------------
+// --- GPU path ----------------------------------------------------------------------------
+std::optional<std::string> Daemon::check_hierarchical(const Match& m, bool across) const {
+  const std::string op(ipc::to_string(m.posted.front().desc.op));
+  if (!std::all_of(m.posted.begin(), m.posted.end(),
+                   [](const Posted& p) { return (p.desc.flags & ipc::kFlagHierarchical) != 0; }))
+    return "smddp " + op +
+           ": ranks disagree on how CUDA tensors cross nodes (one took the hierarchical path, another staged its "
+           "whole tensor; SMDDP_CUDA_ACROSS_NODES and SMDDP_HIER_MIN_BYTES must be the same on every rank, and "
+           "every rank must pass CUDA tensors)";
+  if (!across)
+    return "smddp " + op + ": a hierarchical GPU operation in a group within one node (communicator " +
+           std::to_string(m.comm->id) + ")";
+  // Every node must hold as many members: a rail has one member on each node.
+  std::map<int, int> per_node;
+  for (int g : m.comm->global_ranks) ++per_node[g / layout_.nproc_per_node];
+  const int here = per_node[layout_.node_id];
+  for (const auto& [node, k] : per_node)
+    if (k != here)
+      return "smddp " + op + ": communicator " + std::to_string(m.comm->id) + " holds " + std::to_string(here) +
+             " ranks on node " + std::to_string(layout_.node_id) + " but " + std::to_string(k) + " on node " +
+             std::to_string(node) + "; the hierarchical GPU path needs as many on every node";
+  if (static_cast<int>(m.posted.size()) != here)
+    return "smddp " + op + ": internal error: " + std::to_string(m.posted.size()) + " of " + std::to_string(here) +
+           " local members matched";
+  return std::nullopt;
+}
+
 std::optional<std::string> Daemon::send_plans(const Match& m) {
   const int n = static_cast<int>(m.posted.size());
   const std::string op(ipc::to_string(m.posted.front().desc.op));

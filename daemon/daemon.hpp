@@ -104,7 +104,7 @@ class Daemon {
   bool any_request_waiting() const;
   void update_status(Clock::time_point now);
   nlohmann::json snapshot() const;
-  // --- GPU path (issue 5) ---
+  // --- GPU path ---
   // The GPU executor, created on the first CUDA request (nullptr while off; why in gpu_off_).
   cuda::GpuExecutor* gpu();
   // Runs a device match: fills each member's daemon event, or returns an error.
@@ -116,6 +116,9 @@ class Daemon {
   // Rank-side execution (kFlagRankExec): answers every member with the IPC handles it lacks,
   // then the plan. Returns an error instead when the match cannot run that way.
   std::optional<std::string> send_plans(const Match& m);
+  // A match of hierarchical requests (kFlagHierarchical): why it cannot run, or nullopt. The
+  // group must span nodes and hold as many members on each node; every member must ask for it.
+  std::optional<std::string> check_hierarchical(const Match& m, bool across) const;
   // Pushes a completion to `slot`'s ring (waiting briefly if that ring is full).
   bool push_completion(int slot, const ipc::CompletionDesc& c);
   // Host collectives that only move bytes: answers every member with where its output blocks
@@ -144,7 +147,7 @@ class Daemon {
   Supervisor supervisor_;
   std::unique_ptr<internode::Engine> engine_;  // jobs across nodes only
   std::unique_ptr<ControlServer> control_;
-  std::unique_ptr<cuda::GpuExecutor> gpu_;  // GPU path (issue 5)
+  std::unique_ptr<cuda::GpuExecutor> gpu_;  // the daemon's own GPU executor (SMDDP_GPU_EXEC=daemon)
   bool gpu_tried_ = false;
   std::string gpu_off_;
   std::vector<RankInfo> ranks_;
