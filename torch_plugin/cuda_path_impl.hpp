@@ -236,9 +236,9 @@ struct CudaPath::Impl {
     c->set_exec_handler([weak](std::uint64_t token, const ipc::CompletionDesc& done) {
       if (auto x = weak.lock()) x->on_completion(token, done);
     });
-    // A peer that died may leave this rank's fast kernels waiting for its flags.
+    // A peer that died may leave this rank's GPU work waiting for its flags.
     c->set_failure_handler([weak] {
-      if (auto x = weak.lock()) x->release_fast();
+      if (auto x = weak.lock()) x->release_all();
     });
     return *exec;
   }

@@ -264,7 +264,7 @@ void CudaPath::mark_inputs(c10::Device device, client::DeviceCall& call) {
 bool CudaPath::rank_exec() const noexcept { return impl_->rank_exec; }
 
 void CudaPath::prepare_rank_exec(c10::Device device, client::DeviceCall& call, void* local_in, void* local_out,
-                                 double scale) {
+                                 double scale, std::shared_ptr<client::gpu::HierOp> hier) {
   OnDevice g(device);
   client::gpu::PeerExecutor* x = nullptr;
   {
@@ -280,6 +280,7 @@ void CudaPath::prepare_rank_exec(c10::Device device, client::DeviceCall& call, v
   l.count = call.count;
   l.in = local_in;
   l.out = local_out;
+  l.hier = std::move(hier);
   try {
     l.ready = x->record_ready(c10::cuda::getCurrentCUDAStream(device.index()).stream());
   } catch (const std::exception& e) {

@@ -19,6 +19,12 @@
 #include <vector>
 
 #include "client/client.hpp"
+#include "client/gpu/hier_schedule.hpp"
+
+namespace smddp::client::gpu {
+struct HierOp;
+class ArenaCopyLanes;
+}
 
 namespace smddp::torch_plugin::gpu {
 
@@ -78,7 +84,9 @@ class CudaPath {
   bool rank_exec() const noexcept;
   // Marks the inputs ready on the current stream of `device`, registers this rank's buffers
   // (device pointers: the tensors' or staging buffers') and sets call.rank_exec/exec_token.
-  void prepare_rank_exec(c10::Device device, client::DeviceCall& call, void* local_in, void* local_out, double scale);
+  // `hier`: a hierarchical operation across nodes (run_hierarchical).
+  void prepare_rank_exec(c10::Device device, client::DeviceCall& call, void* local_in, void* local_out, double scale,
+                         std::shared_ptr<client::gpu::HierOp> hier = nullptr);
   void forget_rank_exec(std::uint64_t token);
   // Enqueues every plan received so far (in the daemon's order) on the completion stream;
   // returns why `token`'s GPU work could not run, if it could not.
@@ -137,8 +145,34 @@ class CudaPath {
   std::shared_ptr<Done> complete_after_copies(c10::Device device, client::StagingCopier& copier,
                                               const std::vector<at::Tensor>& used, const std::function<void()>& body);
 
+  // Across nodes, hierarchically (client/gpu/hier_schedule.hpp): reduce or copy inside the node
+  // over NVLink, move only this rank's shard across nodes on its rail, push what comes back to
+  // the node's other members. `call` names the operation and this rank's buffers (as for the
+  // plan path); `local_in`/`local_out` are their device pointers on this rank's GPU, `scratch`
+  // hier_scratch_bytes() of device memory. Posts the rank-side request on `group` and the rail
+  // operation on `rail`, and returns the operation's Work and the copier whose Out lane it ends
+  // on (complete_after_copies).
+  struct HierCall {
+    client::DeviceCall call;
+    void* local_in = nullptr;
+    void* local_out = nullptr;
+    void* scratch = nullptr;
+    double scale = 1.0;
+    const client::gpu::GroupLayout* layout = nullptr;
+    int me = 0;  // group rank
+    std::uint64_t piece_bytes = 0;
+  };
+  struct Hierarchical {
+    client::WorkPtr work;
+    std::shared_ptr<client::StagingCopier> copier;
+  };
+  Hierarchical run_hierarchical(c10::Device device, HierCall hc, client::Communicator& group,
+                                client::Communicator& rail, const client::CallOptions& options);
+
  private:
   int record_input_event(c10::Device device, void* stream);  // interprocess-event mode
+  // The arena's copy lanes of this rank, made at first use (impl_->mu held).
+  std::shared_ptr<client::gpu::ArenaCopyLanes> lanes_locked(c10::Device device);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -22,7 +22,12 @@ client::DeviceBuffer CudaPath::buffer(const at::Tensor&, const char* op) {
 }
 void CudaPath::mark_inputs(c10::Device, client::DeviceCall&) {}
 bool CudaPath::rank_exec() const noexcept { return false; }
-void CudaPath::prepare_rank_exec(c10::Device, client::DeviceCall&, void*, void*, double) {}
+void CudaPath::prepare_rank_exec(c10::Device, client::DeviceCall&, void*, void*, double,
+                                 std::shared_ptr<client::gpu::HierOp>) {}
+CudaPath::Hierarchical CudaPath::run_hierarchical(c10::Device, HierCall, client::Communicator&, client::Communicator&,
+                                                  const client::CallOptions&) {
+  throw SmddpException(ErrorKind::Unsupported, "smddp: this smddp build has no GPU path (torch without CUDA)");
+}
 void CudaPath::forget_rank_exec(std::uint64_t) {}
 std::optional<std::string> CudaPath::run_rank_exec(std::uint64_t) { return std::nullopt; }
 void* CudaPath::staging_ptr(const std::shared_ptr<Staging>&) { return nullptr; }

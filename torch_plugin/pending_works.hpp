@@ -55,7 +55,8 @@ inline bool touches_outside_client(std::string_view op) {
 }
 
 // Which in-node GPU path ran an op (None: any other op).
-enum class GpuPath { None, Fast, Plan };
+enum class GpuPath { None, Fast, Plan, Staged, Hier };
+inline constexpr std::size_t kGpuPaths = 5;
 
 // Waits for each of `works` (its failure is its own caller's to see: this op goes on after it,
 // as on NCCL's stream).
@@ -95,13 +96,19 @@ class PendingWorks {
     if (!outside && !listed_outside_.load(std::memory_order_relaxed)) return {};
     return matching(spans, [outside](const Entry& e) { return outside || e.outside; });
   }
-  // The earlier in-node GPU ops still pending on the other path than `path` whose memory
-  // `spans` overlap.
+  // The earlier GPU ops still pending whose memory `spans` overlap and which an op of `path`
+  // is not ordered after by itself: those of another GPU path, and any hierarchical one (its
+  // last copies run on copy streams of its own, once its bytes are back from the other nodes).
+  // The same path orders its own ops: the plan path by the daemon's order on one stream, the
+  // fast path by issue order, the staged path by its copiers following each other.
   std::vector<c10::intrusive_ptr<WorkSMDDP>> other_path(const Spans& spans, GpuPath path) {
-    const GpuPath other = path == GpuPath::Fast ? GpuPath::Plan : GpuPath::Fast;
-    // Steady state runs one path only: no lock then.
-    if (!listed_[index(other)].load(std::memory_order_relaxed)) return {};
-    return matching(spans, [other](const Entry& e) { return e.path == other; });
+    bool listed = false;  // steady state runs one path only: no lock then
+    for (std::size_t p = 1; p < kGpuPaths; ++p)
+      listed = listed || ((p != index(path) || path == GpuPath::Hier) && listed_[p].load(std::memory_order_relaxed));
+    if (!listed) return {};
+    return matching(spans, [path](const Entry& e) {
+      return e.path != GpuPath::None && (e.path != path || path == GpuPath::Hier);
+    });
   }
 
  private:
@@ -138,11 +145,11 @@ class PendingWorks {
   std::mutex mu_;
   std::deque<Entry> entries_;
   std::size_t outside_count_ = 0;          // entries with `outside`
-  std::array<std::size_t, 3> path_count_{};  // entries by GpuPath
+  std::array<std::size_t, kGpuPaths> path_count_{};  // entries by GpuPath
   // Read without the lock, as hints that skip it: an op issued by another thread at the same
   // moment is not ordered before this one anyway.
   std::atomic<bool> listed_outside_{false};
-  std::array<std::atomic<bool>, 3> listed_{};
+  std::array<std::atomic<bool>, kGpuPaths> listed_{};
 };
 
 inline PendingWorks& pending_works() {
@@ -155,7 +162,7 @@ struct Issue {
   const char* op = nullptr;
   Spans spans;
   bool outside = false;
-  GpuPath path = GpuPath::None;  // set by device_call() for in-node GPU ops
+  GpuPath path = GpuPath::None;  // set by device_call() for GPU ops
 };
 inline thread_local Issue t_issue;
 

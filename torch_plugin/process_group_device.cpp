@@ -1,9 +1,13 @@
-// ProcessGroupSMDDP: which path a collective's tensors take (host, CUDA within a node through
-// the plan or the fast path, CUDA across nodes through the arena), and issuing it there.
+// ProcessGroupSMDDP: which path a collective's tensors take (host; CUDA within a node through
+// the plan or the fast path; CUDA across nodes hierarchically, or staged whole through the
+// arena), and issuing it there.
 #include "torch_plugin/process_group_smddp.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
+#include "torch_plugin/client_registry.hpp"
 #include "torch_plugin/cuda_support.hpp"
 #include "torch_plugin/errors.hpp"
 #include "torch_plugin/pending_works.hpp"
@@ -38,6 +42,13 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
     w.set_cuda(cuda_path_, any.device());
   }
   if (spans_nodes(call)) {
+    if (hierarchical_path(call)) {
+      t_issue.path = GpuPath::Hier;
+      wait_for(pending_works().other_path(t_issue.spans, GpuPath::Hier));  // before its inputs are marked ready
+      return hierarchical_call(w, std::move(call), in, out, co);
+    }
+    t_issue.path = GpuPath::Staged;
+    wait_for(pending_works().other_path(t_issue.spans, GpuPath::Staged));
     return host_staged_call(w, call, in, out, co);
   }
   if (fast_group_ && in && out && in->numel() > 0 && out->numel() > 0 && call.splits.empty() &&
@@ -48,11 +59,39 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
   }
   t_issue.path = GpuPath::Plan;
   wait_for(pending_works().other_path(t_issue.spans, GpuPath::Plan));  // before its inputs are marked ready
+  void* local_in = nullptr;  // the device pointers this rank's own GPU work uses
+  void* local_out = nullptr;
+  device_buffers(w, call, in, out, local_in, local_out);
+  // Recorded after every producer of the inputs (flatten copies included) on this stream.
+  // Empty tensors leave no GPU work (the daemon runs them as host requests), except in an
+  // uneven AllToAll, where the others' tables decide: a member that sends and receives nothing
+  // still runs the plan's barriers with the others.
+  const bool uneven_alltoall = call.op == client::OpType::AllToAll && !call.splits.empty();
+  if ((call.input || call.output || uneven_alltoall) && cuda_path_->rank_exec()) {
+    cuda_path_->prepare_rank_exec(any.device(), call, local_in, local_out, co.scale);
+    try {
+      auto op = comm_->device_op(call, co);
+      w.add_exec_token(call.exec_token);
+      return op;
+    } catch (...) {
+      cuda_path_->forget_rank_exec(call.exec_token);
+      throw;
+    }
+  }
+  if (call.input || call.output) {
+    cuda_path_->mark_inputs(any.device(), call);
+    if (!call.stream_value) {
+      w.add_input_event(call.wait_event);
+    }
+  }
+  return comm_->device_op(call, co);
+}
+
+void ProcessGroupSMDDP::device_buffers(WorkSMDDP& w, client::DeviceCall& call, const at::Tensor* in,
+                                       const at::Tensor* out, void*& local_in, void*& local_out) {
   const auto bytes_of = [](const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); };
   // In place (allreduce, a broadcast root): one buffer for both roles.
   const bool same = in && out && in->numel() > 0 && in->data_ptr() == out->data_ptr() && in->numel() == out->numel();
-  void* local_in = nullptr;  // the device pointers this rank's own GPU work uses
-  void* local_out = nullptr;
   if (in && in->numel() > 0) {
     if (cuda_path_->exportable(*in)) {
       call.input = cuda_path_->buffer(*in, w.op_name());
@@ -79,29 +118,106 @@ client::WorkPtr ProcessGroupSMDDP::device_call(WorkSMDDP& w, client::DeviceCall 
       w.add_staging(s, *out);
     }
   }
-  // Recorded after every producer of the inputs (flatten copies included) on this stream.
-  // Empty tensors leave no GPU work (the daemon runs them as host requests), except in an
-  // uneven AllToAll, where the others' tables decide: a member that sends and receives nothing
-  // still runs the plan's barriers with the others.
-  const bool uneven_alltoall = call.op == client::OpType::AllToAll && !call.splits.empty();
-  if ((call.input || call.output || uneven_alltoall) && cuda_path_->rank_exec()) {
-    cuda_path_->prepare_rank_exec(any.device(), call, local_in, local_out, co.scale);
-    try {
-      auto op = comm_->device_op(call, co);
-      w.add_exec_token(call.exec_token);
-      return op;
-    } catch (...) {
-      cuda_path_->forget_rank_exec(call.exec_token);
-      throw;
-    }
+}
+
+namespace {
+// SMDDP_CUDA_ACROSS_NODES: how CUDA tensors of a group that spans nodes cross them.
+bool hierarchical_by_setting() {
+  static const bool v = [] {
+    const char* e = std::getenv("SMDDP_CUDA_ACROSS_NODES");
+    const std::string x = e ? e : "";
+    if (x.empty() || x == "hierarchical") return true;
+    if (x == "staged") return false;
+    throw SmddpException(ErrorKind::InvalidArgument, "smddp: SMDDP_CUDA_ACROSS_NODES='" + x +
+                                                         "' is not one of hierarchical (the default) or staged");
+  }();
+  return v;
+}
+
+std::uint64_t env_bytes(const char* name, std::uint64_t fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  char* end = nullptr;
+  const auto v = std::strtoull(e, &end, 10);
+  if (*end != '\0')
+    throw SmddpException(ErrorKind::InvalidArgument, std::string("smddp: ") + name + "='" + e + "' is not a byte count");
+  return v;
+}
+}  // namespace
+
+bool ProcessGroupSMDDP::hierarchical_path(const client::DeviceCall& call) {
+  using client::OpType;
+  if (!hierarchical_by_setting() || !cuda_path_->rank_exec() || call.count == 0) return false;
+  if (call.op != OpType::AllReduce && call.op != OpType::ReduceScatter && call.op != OpType::AllGather &&
+      call.op != OpType::Reduce && call.op != OpType::Broadcast)
+    return false;
+  // An integer average would round twice (inside the node, then across nodes): the staged path
+  // sums, then divides once.
+  const bool floating = call.dtype == client::DType::Float32 || call.dtype == client::DType::Float64 ||
+                        call.dtype == client::DType::Float16 || call.dtype == client::DType::BFloat16;
+  if (call.reduce_op == client::ReduceOp::Avg && !floating) return false;
+  // Below this many bytes of the collective (its whole tensor; for AllGather and ReduceScatter
+  // every rank's part together) the staged path's single exchange is sooner than a plan round
+  // trip and an in-node pass. Every rank decides alike: it depends on what they all share.
+  static const std::uint64_t min_bytes = env_bytes("SMDDP_HIER_MIN_BYTES", 1ull << 20);
+  std::uint64_t bytes = call.count * ipc::dtype_size(call.dtype);
+  if (call.op == OpType::AllGather || call.op == OpType::ReduceScatter)
+    bytes *= static_cast<std::uint64_t>(comm_->size());
+  if (bytes < min_bytes) return false;
+  std::lock_guard lk(hier_mu_);
+  if (!layout_checked_) {
+    layout_checked_ = true;
+    std::string why;
+    if (auto l = client::gpu::GroupLayout::of(comm_->global_ranks(), client_->local_world_size(), why); l && l->per_node > 1)
+      layout_ = std::move(*l);
   }
-  if (call.input || call.output) {
-    cuda_path_->mark_inputs(any.device(), call);
-    if (!call.stream_value) {
-      w.add_input_event(call.wait_event);
-    }
+  return layout_.has_value();
+}
+
+client::Communicator& ProcessGroupSMDDP::rail(int local) {
+  std::lock_guard lk(hier_mu_);
+  auto& c = rails_[local];
+  if (!c) {
+    // The members with this local index, one per node: created on every node by its member
+    // alone (no other node is waited for), under an id every member derives alike.
+    std::vector<int> members;
+    for (int g : layout_->rail(local)) members.push_back(comm_->global_ranks()[static_cast<std::size_t>(g)]);
+    c = client_->create_communicator(torch_plugin::communicator_id(group_id_ + "/rail/" + std::to_string(local)),
+                                     members, timeout_);
   }
-  return comm_->device_op(call, co);
+  return *c;
+}
+
+client::WorkPtr ProcessGroupSMDDP::hierarchical_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor* in,
+                                                     const at::Tensor* out, const client::CallOptions& co) {
+  const at::Tensor& any = in ? *in : *out;
+  gpu::CudaPath::HierCall hc;
+  device_buffers(w, call, in, out, hc.local_in, hc.local_out);
+  hc.layout = &*layout_;
+  hc.me = comm_->rank();
+  hc.scale = co.scale;
+  static const std::uint64_t piece_bytes = env_bytes("SMDDP_HIER_PIECE_BYTES", 2ull << 20);
+  hc.piece_bytes = piece_bytes;
+  client::gpu::HierArgs a;
+  a.op = call.op;
+  a.dtype = call.dtype;
+  a.count = call.count;
+  a.root = call.root;
+  a.layout = hc.layout;
+  a.me = hc.me;
+  if (const std::uint64_t bytes = client::gpu::hier_scratch_bytes(a)) {
+    // Read and written by this rank's streams only; kept (and recorded on the stream the Work
+    // ends on) until the Work is done.
+    at::Tensor scratch = at::empty({static_cast<int64_t>(bytes)}, any.options().dtype(at::kByte));
+    hc.scratch = scratch.data_ptr();
+    w.keep_alive(std::move(scratch));
+  }
+  if (in) w.keep_alive(*in);
+  client::Communicator& r = rail(layout_->local_of[static_cast<std::size_t>(hc.me)]);
+  hc.call = std::move(call);
+  auto h = cuda_path_->run_hierarchical(any.device(), std::move(hc), *comm_, r, co);
+  w.add_arena_copier(h.copier);
+  return h.work;
 }
 
 client::WorkPtr ProcessGroupSMDDP::fast_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor& in,

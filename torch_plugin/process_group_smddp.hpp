@@ -5,12 +5,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "client/client.hpp"
+#include "client/gpu/hier_schedule.hpp"
 #include "torch_plugin/tensor_checks.hpp"
 #include "torch_plugin/torch_compat.hpp"
 #include "torch_plugin/work_smddp.hpp"
@@ -118,6 +121,18 @@ class ProcessGroupSMDDP : public BackendBase {
   client::WorkPtr fast_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor& in, const at::Tensor& out,
                             const client::CallOptions& co, bool caller_waits);
   client::CallOptions call_options(std::chrono::milliseconds timeout, double scale = 1.0) const;
+  // Fills call.input/output with `in`/`out`'s memory (or staging buffers where it cannot be
+  // exported) and the device pointers this rank's own GPU work uses.
+  void device_buffers(WorkSMDDP& w, client::DeviceCall& call, const at::Tensor* in, const at::Tensor* out,
+                      void*& local_in, void*& local_out);
+  // CUDA tensors across nodes, hierarchically (gpu::CudaPath::run_hierarchical): whether `call`
+  // goes that way (every member decides alike), and issuing it.
+  bool hierarchical_path(const client::DeviceCall& call);
+  client::WorkPtr hierarchical_call(WorkSMDDP& w, client::DeviceCall call, const at::Tensor* in,
+                                    const at::Tensor* out, const client::CallOptions& co);
+  // The communicator of this group's members with local index `local`, one per node (made on
+  // first use).
+  client::Communicator& rail(int local);
 
   // Shared helpers of the single-tensor and coalesced forms.
   void add_allgather_base(WorkSMDDP& work, const char* op, at::Tensor& output, at::Tensor& input,
@@ -136,6 +151,12 @@ class ProcessGroupSMDDP : public BackendBase {
   bool fast_group_ = false;
   std::shared_ptr<AsyncErrors> async_errors_ = std::make_shared<AsyncErrors>();
   std::shared_ptr<gpu::CudaPath> cuda_path_;  // created on the first CUDA call
+  // Hierarchical operations across nodes: the group's layout (none where its nodes hold
+  // unequal numbers of members, or one each) and its rails.
+  std::mutex hier_mu_;
+  bool layout_checked_ = false;
+  std::optional<client::gpu::GroupLayout> layout_;
+  std::map<int, client::CommunicatorPtr> rails_;
   std::atomic<std::uint64_t> sequence_{0};
 
   std::mutex coalescing_mutex_;

@@ -6,9 +6,11 @@
 #include <array>
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <optional>
 
 #include "client/gpu/cuda_util.hpp"
+#include "client/gpu/peer_executor_impl.hpp"
 
 namespace smddp::client::gpu {
 
@@ -85,8 +87,12 @@ void CUDART_CB fence_passed(void* arg) {
 
 class OpCopier final : public StagingCopier {
  public:
-  OpCopier(std::shared_ptr<ArenaCopyLanes> lanes, const void* in, void* out, cudaStream_t producer)
-      : lanes_(std::move(lanes)), in_(static_cast<const std::byte*>(in)), out_(static_cast<std::byte*>(out)) {
+  OpCopier(std::shared_ptr<ArenaCopyLanes> lanes, const void* in, void* out, cudaStream_t producer,
+           std::optional<ShardStaging> shard = std::nullopt)
+      : lanes_(std::move(lanes)),
+        in_(static_cast<const std::byte*>(in)),
+        out_(static_cast<std::byte*>(out)),
+        shard_(std::move(shard)) {
     pair_ = lanes_->take();
     state_->lanes[0].stream = pair_.in;
     state_->lanes[0].signal = pair_.signal_in;
@@ -115,9 +121,41 @@ class OpCopier final : public StagingCopier {
     state_->wake = std::move(wake);
   }
   void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) noexcept override {
-    copy(to, in_ + offset, bytes, cudaMemcpyDeviceToHost, pair_.in);
+    if (!shard_) return copy(to, in_ + offset, bytes, cudaMemcpyDeviceToHost, pair_.in);
+    // The stretch is written once the pre part passed the mark that covers its end.
+    std::uint64_t value = shard_->last;
+    for (const auto& [ready, v] : shard_->marks)
+      if (ready >= offset + bytes) {
+        value = v;
+        break;
+      }
+    if (value > waited_in_) {
+      wait_word(pair_.in, value);
+      waited_in_ = value;
+    }
+    for_segments(shard_->rail.in, offset, bytes, [&](const RailSegment&, std::byte* dev, std::uint64_t done,
+                                                     std::uint64_t len) {
+      copy(to + done, dev, len, cudaMemcpyDeviceToHost, pair_.in);
+    });
   }
   void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept override {
+    if (shard_) {
+      if (!out_ordered_) {
+        // Pushes into the other members come after the pre part's barrier with them.
+        out_ordered_ = true;
+        wait_word(pair_.out, shard_->last);
+      }
+      for_segments(shard_->rail.out, offset, bytes, [&](const RailSegment& seg, std::byte* dev, std::uint64_t done,
+                                                        std::uint64_t len) {
+        copy(dev, from + done, len, cudaMemcpyHostToDevice, pair_.out);
+        const std::size_t index = static_cast<std::size_t>(&seg - shard_->rail.out.data());
+        const std::uint64_t within = static_cast<std::uint64_t>(dev - seg.at);
+        std::lock_guard lk(push_mu_);
+        if (push_known_) push(index, within, len);
+        else back_.push_back({index, within, len});
+      });
+      return;
+    }
     if (!out_ordered_) {
       // A finished copy in shows that the In lane got past `ready`, so the caller's work
       // before the operation is over: one driver call less per operation that has inputs.
@@ -134,6 +172,19 @@ class OpCopier final : public StagingCopier {
     copy(out_ + offset, from, bytes, cudaMemcpyHostToDevice, pair_.out);
   }
   cudaStream_t out_stream() const noexcept { return pair_.out; }
+  void set_push_targets(std::vector<std::vector<std::byte*>> targets) {
+    std::lock_guard lk(push_mu_);
+    if (!shard_ || push_known_) return;
+    if (targets.size() != shard_->rail.out.size()) {
+      fail("the plan names " + std::to_string(targets.size()) + " stretches to push where the rail output has " +
+           std::to_string(shard_->rail.out.size()));
+      return;
+    }
+    push_targets_ = std::move(targets);
+    push_known_ = true;
+    for (const auto& b : back_) push(b.segment, b.within, b.bytes);
+    back_.clear();
+  }
   std::uint64_t fence(Lane lane) noexcept override {
     auto& l = state_->lanes[static_cast<std::size_t>(lane)];
     const std::uint64_t ticket = ++l.issued;
@@ -264,6 +315,52 @@ class OpCopier final : public StagingCopier {
     }
     return false;
   }
+  // Calls fn(segment, device address, bytes done before it, length) for the stretches of
+  // [offset, offset + bytes) of the rail input or output, in order.
+  template <class Fn>
+  void for_segments(const std::vector<RailSegment>& segs, std::uint64_t offset, std::uint64_t bytes, Fn&& fn) {
+    std::uint64_t done = 0;
+    for (const auto& seg : segs) {
+      if (done == bytes) break;
+      const std::uint64_t at = offset + done;
+      if (at < seg.offset || at >= seg.offset + seg.bytes) continue;
+      const std::uint64_t len = std::min(bytes - done, seg.offset + seg.bytes - at);
+      fn(seg, seg.at + (at - seg.offset), done, len);
+      done += len;
+    }
+    if (done != bytes)
+      fail("a copy of " + std::to_string(bytes) + " bytes at " + std::to_string(offset) +
+           " falls outside the rail operation's stretches");
+  }
+  // Makes `s` wait until the progress word reaches `value` (the pre part's marks).
+  void wait_word(cudaStream_t s, std::uint64_t value) {
+    try {
+      DeviceScope scope(lanes_->device());
+      if (detail::stream_ops().wait(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(shard_->word), value,
+                                    CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+        fail("cuStreamWaitValue64 on the hierarchical operation's progress word failed");
+    } catch (const std::exception& x) {
+      fail(x.what());
+    }
+  }
+  // The stretch `within` bytes into output segment `segment` came back: on to the other members
+  // (push_mu_ held).
+  void push(std::size_t segment, std::uint64_t within, std::uint64_t bytes) {
+    const RailSegment& seg = shard_->rail.out[segment];
+    for (std::byte* to : push_targets_[segment]) {
+      if (!to) {
+        fail("a member of the node has no buffer to push the rail operation's result into");
+        continue;
+      }
+      try {
+        DeviceScope scope(lanes_->device());
+        check(cudaMemcpyAsync(to + within, seg.at + within, bytes, cudaMemcpyDeviceToDevice, pair_.out),
+              "pushing a piece of the rail operation's result to a member of the node");
+      } catch (const std::exception& x) {
+        fail(x.what());
+      }
+    }
+  }
   void fail(const std::string& why) const {
     std::lock_guard lk(state_->mu);
     if (state_->error.empty()) state_->error = why;
@@ -279,6 +376,18 @@ class OpCopier final : public StagingCopier {
   ArenaCopyLanes::Pair pair_;
   bool out_ordered_ = false;  // the Out lane waited for `ready`, or needs not (client's lock)
   std::shared_ptr<CopierState> state_ = std::make_shared<CopierState>();
+  // A hierarchical operation's rail operation (shard_copier): its stretches, and the marks its
+  // copies in wait for.
+  std::optional<ShardStaging> shard_;
+  std::uint64_t waited_in_ = 0;  // the last word value the In lane waited for (client's lock)
+  struct Back {
+    std::size_t segment;
+    std::uint64_t within, bytes;
+  };
+  std::mutex push_mu_;  // the copies out (client's lock) and set_push_targets (the plan's thread)
+  bool push_known_ = false;
+  std::vector<std::vector<std::byte*>> push_targets_;
+  std::vector<Back> back_;  // stretches back before the targets were known
 };
 
 ArenaCopyLanes::ArenaCopyLanes(int device, std::byte* arena, std::size_t bytes)
@@ -322,6 +431,19 @@ std::shared_ptr<StagingCopier> ArenaCopyLanes::copier(const void* in, void* out,
     if (!registered_) throw std::runtime_error("the arena is gone (its client was destroyed)");
   }
   return std::make_shared<OpCopier>(shared_from_this(), in, out, producer);
+}
+
+std::shared_ptr<StagingCopier> ArenaCopyLanes::shard_copier(ShardStaging shard, cudaStream_t producer) {
+  {
+    std::lock_guard lk(mu_);
+    if (!registered_) throw std::runtime_error("the arena is gone (its client was destroyed)");
+  }
+  if (!shard.word) throw std::runtime_error("a hierarchical operation's copier without its progress word");
+  return std::make_shared<OpCopier>(shared_from_this(), nullptr, nullptr, producer, std::move(shard));
+}
+
+void ArenaCopyLanes::set_push_targets(StagingCopier& copier, std::vector<std::vector<std::byte*>> targets) {
+  dynamic_cast<OpCopier&>(copier).set_push_targets(std::move(targets));
 }
 
 void ArenaCopyLanes::order_after(StagingCopier& copier, cudaStream_t consumer) {

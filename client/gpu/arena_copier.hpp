@@ -29,8 +29,25 @@
 #include <vector>
 
 #include "client/client.hpp"
+#include "client/gpu/hier_schedule.hpp"
 
 namespace smddp::client::gpu {
+
+// What a hierarchical operation's copier adds to an arena copier's (client/gpu/hier_schedule.hpp):
+// where its rail operation's input and output lie in this rank's GPU memory, and the progress
+// word the pre part writes on the rank's main stream. A copy in waits (on the GPU, with a stream
+// memory operation) until the word shows the mark that covers its bytes, so the copier can be
+// made, and the rail operation posted, before the plan that enqueues the pre part arrives: its
+// copies then wait on the GPU, not the CPU. The Out lane waits for the last mark before its first
+// copy (the pre part's barrier comes before any push into the node's other members), and each
+// stretch it copies back is pushed to the other members once their buffers are known
+// (set_push_targets: the plan maps them).
+struct ShardStaging {
+  RailOp rail;
+  std::uint64_t* word = nullptr;  // this rank's GPU memory
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> marks;  // (rail input bytes ready, word value)
+  std::uint64_t last = 0;  // the word's value once the whole pre part ran
+};
 
 class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
  public:
@@ -44,6 +61,12 @@ class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
   // A copier for one operation whose buffers are `in` and `out` (device pointers on this
   // lanes' device; either may be null), ordered after the work on `producer` so far.
   std::shared_ptr<StagingCopier> copier(const void* in, void* out, cudaStream_t producer);
+  // A copier for a hierarchical operation's rail operation (see ShardStaging).
+  std::shared_ptr<StagingCopier> shard_copier(ShardStaging shard, cudaStream_t producer);
+  // Where the stretches of `copier`'s rail output go in the node's other members (by output
+  // segment, as RailSegment::push): pushes what came back already, and the rest as it comes.
+  // Failures are reported by the copier's error().
+  static void set_push_targets(StagingCopier& copier, std::vector<std::vector<std::byte*>> targets);
   // Makes `consumer` wait for every copy `copier` (from copier()) enqueued so far, in and out.
   static void order_after(StagingCopier& copier, cudaStream_t consumer);
   // The stream `copier`'s copies out run on (its pair's, held until the copier goes). Once its

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <utility>
 
+#include "client/gpu/arena_copier.hpp"
 #include "client/gpu/cuda_util.hpp"
 #include "client/gpu/schedule.hpp"
 #include "kernels/device_kernels.hpp"
@@ -132,8 +133,13 @@ PeerExecutor::PeerExecutor(const std::shared_ptr<Client>& client, int device, cu
   std::memcpy(bytes.data(), &h, sizeof h);
   client->publish_flag_block(bytes);
   peer_flags_.assign(static_cast<std::size_t>(client->local_world_size()), nullptr);
-  signals_sent_.assign(static_cast<std::size_t>(client->local_world_size()), 0);
-  signals_waited_.assign(static_cast<std::size_t>(client->local_world_size()), 0);
+  for (Channel* ch : {&main_, &tail_}) {
+    ch->sent.assign(static_cast<std::size_t>(client->local_world_size()), 0);
+    ch->waited.assign(static_cast<std::size_t>(client->local_world_size()), 0);
+  }
+  check(cudaMalloc(&marks_, kMarkWords * sizeof(std::uint64_t)), "cudaMalloc of the smddp progress words");
+  check(cudaMemset(marks_, 0, kMarkWords * sizeof(std::uint64_t)), "cudaMemset of the smddp progress words");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 PeerExecutor::~PeerExecutor() {
@@ -172,6 +178,7 @@ PeerExecutor::~PeerExecutor() {
   if (scratch_) cudaFree(scratch_);
   for (void* p : retired_scratch_) cudaFree(p);
   if (flag_block_) cudaFree(flag_block_);
+  if (marks_) cudaFree(marks_);
   restore_device(prev);
 }
 
@@ -265,20 +272,32 @@ void PeerExecutor::on_completion(std::uint64_t token, const ipc::CompletionDesc&
 }
 
 void PeerExecutor::drain() {
-  std::lock_guard lk(mu_);
-  if (ready_.empty() && to_close_.empty()) return;
-  DeviceScope scope(device_);
-  close_released();  // before the plans' work goes on the GPU
-  while (!ready_.empty()) {
-    Plan p = std::move(ready_.front());
-    ready_.pop_front();
-    try {
-      run(p);
-    } catch (const std::exception& e) {
-      errors_[p.token] = e.what();
+  std::vector<std::function<void()>> after;
+  {
+    std::lock_guard lk(mu_);
+    if (ready_.empty() && to_close_.empty()) return;
+    DeviceScope scope(device_);
+    close_released();  // before the plans' work goes on the GPU
+    while (!ready_.empty()) {
+      Plan p = std::move(ready_.front());
+      ready_.pop_front();
+      try {
+        run(p);
+      } catch (const std::exception& e) {
+        errors_[p.token] = e.what();
+        // A hierarchical operation whose pre part failed to enqueue still owes its tail.
+        if (p.local.hier && !p.local.hier->planned) {
+          p.local.hier->error = e.what();
+          p.local.hier->planned = true;
+          hier_tails_.push_back(p.local.hier);
+          flush_tails_locked(deferred_);
+        }
+      }
+      if (p.local.ready) free_events_.push_back(p.local.ready);
     }
-    if (p.local.ready) free_events_.push_back(p.local.ready);
+    after.swap(deferred_);
   }
+  for (auto& cb : after) cb();
 }
 
 bool PeerExecutor::no_work_pending_locked() {
@@ -371,32 +390,48 @@ void* PeerExecutor::resolve(const Plan& p, int member, bool input) {
   return at(map(m.slot, r.alloc_id), r.offset);
 }
 
-void PeerExecutor::signal(const Plan& p) {
+namespace {
+std::vector<int> slots_of(const std::vector<ipc::PlanMember>& members) {
+  std::vector<int> v;
+  for (const auto& m : members) v.push_back(m.slot);
+  return v;
+}
+}  // namespace
+
+void PeerExecutor::signal(const Plan& p) { signal(slots_of(p.members), main_, stream_); }
+
+void PeerExecutor::wait_peers(const Plan& p, cudaStream_t stream) { wait_peers(slots_of(p.members), main_, stream); }
+
+void PeerExecutor::signal(const std::vector<int>& slots, Channel& ch, cudaStream_t stream) {
   const auto& ops = stream_ops();
-  const auto s = reinterpret_cast<CUstream>(stream_);
-  for (int i = 0; i < static_cast<int>(p.members.size()); ++i) {
-    if (i == p.header.me) continue;
-    const int peer = p.members[static_cast<std::size_t>(i)].slot;
-    const auto v = ++signals_sent_.at(static_cast<std::size_t>(peer));
-    const auto addr = reinterpret_cast<CUdeviceptr>(peer_flags(peer) + ipc::kBarrierFlagBase + my_slot_);
+  const auto s = reinterpret_cast<CUstream>(stream);
+  for (int peer : slots) {
+    if (peer == my_slot_) continue;
+    const auto v = ++ch.sent.at(static_cast<std::size_t>(peer));
+    const auto addr = reinterpret_cast<CUdeviceptr>(peer_flags(peer) + ch.base + static_cast<std::size_t>(my_slot_));
     // With its default memory barrier: what the stream wrote before is visible to the peer first.
     if (ops.write(s, addr, v, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
       throw std::runtime_error("cuStreamWriteValue64 to local rank " + std::to_string(peer) + " failed");
   }
 }
 
-void PeerExecutor::wait_peers(const Plan& p, cudaStream_t stream) {
+void PeerExecutor::wait_peers(const std::vector<int>& slots, Channel& ch, cudaStream_t stream) {
   const auto& ops = stream_ops();
   const auto s = reinterpret_cast<CUstream>(stream);
-  for (int i = 0; i < static_cast<int>(p.members.size()); ++i) {
-    if (i == p.header.me) continue;
-    const int peer = p.members[static_cast<std::size_t>(i)].slot;
-    const auto v = ++signals_waited_.at(static_cast<std::size_t>(peer));
-    const auto addr = reinterpret_cast<CUdeviceptr>(static_cast<std::uint64_t*>(flag_block_) + ipc::kBarrierFlagBase +
+  for (int peer : slots) {
+    if (peer == my_slot_) continue;
+    const auto v = ++ch.waited.at(static_cast<std::size_t>(peer));
+    const auto addr = reinterpret_cast<CUdeviceptr>(static_cast<std::uint64_t*>(flag_block_) + ch.base +
                                                     static_cast<std::size_t>(peer));
     if (ops.wait(s, addr, v, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
       throw std::runtime_error("cuStreamWaitValue64 failed");
   }
+}
+
+void PeerExecutor::write_word(std::uint64_t* word, std::uint64_t value, cudaStream_t stream) {
+  if (stream_ops().write(reinterpret_cast<CUstream>(stream), reinterpret_cast<CUdeviceptr>(word), value,
+                         CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+    throw std::runtime_error("cuStreamWriteValue64 of a hierarchical operation's progress word failed");
 }
 
 void PeerExecutor::barrier(const Plan& p) {
@@ -509,6 +544,7 @@ void PeerExecutor::run(const Plan& p) {
   } count{*this, l.op};
   ++stats_.ops;
   check(cudaStreamWaitEvent(stream_, l.ready, 0), "cudaStreamWaitEvent");
+  if (l.hier) return run_hier(p);
 
   // Every buffer first: a mapping that fails turns the op "dry" (barriers only), so the
   // other ranks, which cannot know, still pass theirs.
@@ -582,6 +618,209 @@ void PeerExecutor::run(const Plan& p) {
     }
   }
   if (!dry_error_.empty()) throw std::runtime_error(dry_error_);
+}
+
+// --- hierarchical operations across nodes ------------------------------------------------
+
+PeerExecutor::Marks PeerExecutor::reserve_marks(std::size_t marks) {
+  std::lock_guard lk(mu_);
+  // Each use of a word writes values above every earlier use's: the epoch in the high bits.
+  const std::uint64_t k = mark_ops_++;
+  Marks m;
+  m.word = marks_ + k % kMarkWords;
+  const std::uint64_t epoch = (k / kMarkWords + 1) << 20;
+  for (std::size_t j = 0; j < marks; ++j) m.values.push_back(epoch + j + 1);
+  return m;
+}
+
+void PeerExecutor::run_hier(const Plan& p) {
+  const LocalOp& l = p.local;
+  HierOp& h = *l.hier;
+  const int n = static_cast<int>(p.members.size());
+  HierArgs a;
+  a.op = l.op;
+  a.dtype = l.dtype;
+  a.reduce_op = l.reduce_op;
+  a.count = l.count;
+  a.root = l.root;
+  a.layout = &h.layout;
+  a.me = h.me;
+  a.scratch = static_cast<std::byte*>(h.scratch);
+  a.piece_bytes = h.piece_bytes;
+  a.in.assign(static_cast<std::size_t>(n), nullptr);
+  a.out.assign(static_cast<std::size_t>(n), nullptr);
+  dry_error_.clear();
+  if (n != h.layout.per_node || p.header.me != h.layout.local_of[static_cast<std::size_t>(h.me)])
+    dry_error_ = "the plan names " + std::to_string(n) + " members (this rank at " + std::to_string(p.header.me) +
+                 ") where the group holds " + std::to_string(h.layout.per_node) + " a node (this rank at " +
+                 std::to_string(h.layout.local_of[static_cast<std::size_t>(h.me)]) + ")";
+  try {
+    if (dry_error_.empty())
+      for (int i = 0; i < n; ++i) {
+        a.in[static_cast<std::size_t>(i)] = static_cast<std::byte*>(resolve(p, i, true));
+        a.out[static_cast<std::size_t>(i)] = static_cast<std::byte*>(resolve(p, i, false));
+      }
+  } catch (const std::exception& ex) {
+    dry_error_ = ex.what();
+  }
+  std::string why;
+  std::optional<HierSchedule> s;
+  if (dry_error_.empty()) s = hier_schedule(a, why);
+  if (dry_error_.empty() && !s) dry_error_ = why;
+  if (s && s->marks.size() != h.mark_values.size())
+    dry_error_ = "the plan's schedule has " + std::to_string(s->marks.size()) + " marks where its issue had " +
+                 std::to_string(h.mark_values.size());
+  h.slots = slots_of(p.members);
+  // Whatever went wrong, the barrier and the marks go on the stream: the node's other members
+  // and this rank's own copies wait for them (the data is then wrong, and the Work says so).
+  std::size_t next = 0;
+  if (!dry_error_.empty()) {
+    barrier(p);
+  } else {
+    const auto marks_upto = [&](std::size_t steps_done) {
+      for (; next < s->marks.size() && s->marks[next].after == steps_done; ++next)
+        write_word(h.word, h.mark_values[next], stream_);
+    };
+    marks_upto(0);
+    for (std::size_t i = 0; i < s->pre.size(); ++i) {
+      const Step& st = s->pre[i];
+      switch (st.kind) {
+        case Step::Kind::Barrier: barrier(p); break;
+        case Step::Kind::Reduce: {
+          std::vector<const void*> inputs(st.inputs.begin(), st.inputs.end());
+          reduce(inputs, st.outs.at(0), st.count, l, n);
+          break;
+        }
+        case Step::Kind::Copy: copy(st.dst, st.src, st.bytes); break;
+        default: dry_error_ = "a hierarchical pre part holds a step it should not"; break;
+      }
+      marks_upto(i + 1);
+    }
+    std::vector<std::vector<std::byte*>> targets;
+    for (const auto& seg : s->rail.out) targets.push_back(seg.push);
+    ArenaCopyLanes::set_push_targets(*h.copier, std::move(targets));
+  }
+  for (; next < h.mark_values.size(); ++next) write_word(h.word, h.mark_values[next], stream_);
+  if (!dry_error_.empty()) h.error = dry_error_;
+  h.planned = true;
+  hier_tails_.push_back(l.hier);
+  // drain() holds mu_: the callbacks of tails enqueued here run once it is released.
+  flush_tails_locked(deferred_);
+}
+
+void PeerExecutor::flush_tails_locked(std::vector<std::function<void()>>& after) {
+  while (!hier_tails_.empty() && hier_tails_.front()->rail_done) {
+    auto h = hier_tails_.front();
+    hier_tails_.pop_front();
+    try {
+      DeviceScope scope(device_);
+      const cudaStream_t out = ArenaCopyLanes::out_stream(*h->copier);
+      // After the whole pre part (a rank without copies back never waited for it), then the
+      // pushes and copies back enqueued so far: the node's other members go on once all of
+      // theirs are in.
+      if (stream_ops().wait(reinterpret_cast<CUstream>(out), reinterpret_cast<CUdeviceptr>(h->word),
+                            h->mark_values.back(), CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
+        throw std::runtime_error("cuStreamWaitValue64 failed");
+      signal(h->slots, tail_, out);
+      wait_peers(h->slots, tail_, out);
+      ++stats_.barriers;
+    } catch (const std::exception& e) {
+      if (h->error.empty()) h->error = std::string("the closing barrier: ") + e.what();
+    }
+    h->tail_done = true;
+    for (auto& cb : h->on_tail) after.push_back(std::move(cb));
+    h->on_tail.clear();
+  }
+  hier_cv_.notify_all();
+}
+
+void PeerExecutor::hier_abandon(const std::shared_ptr<HierOp>& h) {
+  std::vector<std::function<void()>> after;
+  {
+    std::lock_guard lk(mu_);
+    if (h->planned || h->abandoned) return;
+    h->abandoned = true;
+    try {
+      DeviceScope scope(device_);
+      write_word(h->word, h->mark_values.empty() ? 0 : h->mark_values.back(), rescue_stream_);
+    } catch (const std::exception& e) {
+      if (h->error.empty()) h->error = e.what();
+    }
+    after.swap(h->on_tail);
+  }
+  hier_cv_.notify_all();
+  for (auto& cb : after) cb();
+}
+
+void PeerExecutor::hier_on_tail(const std::shared_ptr<HierOp>& h, std::function<void()> cb) {
+  {
+    std::lock_guard lk(mu_);
+    if (!h->tail_done && !h->abandoned) {
+      h->on_tail.push_back(std::move(cb));
+      return;
+    }
+  }
+  cb();
+}
+
+void PeerExecutor::hier_rail_done(const std::shared_ptr<HierOp>& h) {
+  std::vector<std::function<void()>> after;
+  {
+    std::lock_guard lk(mu_);
+    h->rail_done = true;
+    flush_tails_locked(after);
+  }
+  for (auto& cb : after) cb();
+}
+
+bool PeerExecutor::hier_wait_tail(const std::shared_ptr<HierOp>& h, std::chrono::steady_clock::time_point until) {
+  std::unique_lock lk(mu_);
+  while (!h->tail_done && !h->abandoned) {
+    // Tails go in plan order: drive the first rail operation ahead of (or of) this one that
+    // has not ended.
+    std::shared_ptr<Work> ahead;
+    for (const auto& x : hier_tails_) {
+      if (!x->rail_done) ahead = x->rail.lock();
+      if (ahead || x == h) break;
+    }
+    if (ahead) {
+      lk.unlock();
+      try {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return false;
+        ahead->wait(left);
+      } catch (const std::exception&) {
+        // Its own caller sees its failure; its tail goes on all the same.
+      }
+      lk.lock();
+      continue;
+    }
+    // The plan is on its way (its callback runs on another thread), or a rail operation's
+    // callback is still running there.
+    if (hier_cv_.wait_until(lk, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(20))) ==
+            std::cv_status::timeout &&
+        std::chrono::steady_clock::now() >= until)
+      return false;
+  }
+  return true;
+}
+
+void PeerExecutor::release_all() {
+  std::lock_guard lk(mu_);
+  fast_off_ = true;
+  try {
+    DeviceScope scope(device_);
+    release_flags();
+    // Barrier and tail words of the flag block, then every progress word: far above any count.
+    constexpr std::size_t first = ipc::kBarrierFlagBase * sizeof(std::uint64_t);
+    constexpr std::size_t last = (ipc::kTailFlagBase + ipc::kMaxLocalRanks) * sizeof(std::uint64_t);
+    if (cudaMemsetAsync(static_cast<std::byte*>(flag_block_) + first, 0x7f, last - first, rescue_stream_) != cudaSuccess)
+      cudaGetLastError();
+    if (cudaMemsetAsync(marks_, 0x7f, kMarkWords * sizeof(std::uint64_t), rescue_stream_) != cudaSuccess)
+      cudaGetLastError();
+  } catch (...) {
+    // The device is gone: nothing waits on it any more either.
+  }
 }
 
 }  // namespace smddp::client::gpu

@@ -37,8 +37,11 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,11 +50,35 @@
 #include <vector>
 
 #include "client/client.hpp"
+#include "client/gpu/hier_schedule.hpp"
 #include "client/gpu/schedule.hpp"
 #include "kernels/device_kernels.hpp"
 #include "ipc/protocol.hpp"
+#include "ipc/segment.hpp"
 
 namespace smddp::client::gpu {
+
+// A hierarchical operation across nodes (client/gpu/hier_schedule.hpp), shared by its Work
+// (hier_work.hpp), the executor, which runs its pre part from the plan and its tail once the
+// rail operation ended, and its copier.
+struct HierOp {
+  GroupLayout layout;
+  int me = 0;  // group rank
+  std::uint64_t piece_bytes = 0;
+  void* scratch = nullptr;  // hier_scratch_bytes() on this rank's GPU, kept alive by the caller
+  std::shared_ptr<StagingCopier> copier;  // ArenaCopyLanes::shard_copier
+  std::uint64_t* word = nullptr;           // its progress word (reserve_marks)
+  std::vector<std::uint64_t> mark_values;  // by mark of the schedule
+  std::weak_ptr<Work> rail;  // its rail operation (null if it has none): driven by waiters
+  // Under the executor's lock:
+  bool planned = false;     // the pre part is enqueued; the tail comes in plan order
+  bool abandoned = false;   // no plan will come (its request failed); its marks were released
+  bool rail_done = false;   // the rail operation ended (or there is none)
+  bool tail_done = false;   // the tail is enqueued: the operation's GPU work is all enqueued
+  std::vector<int> slots;   // the node's members' local slots, by local index (from the plan)
+  std::string error;        // why its GPU work could not run as planned
+  std::vector<std::function<void()>> on_tail;  // run (outside the lock) once tail_done
+};
 
 // This rank's side of one operation, registered before it is submitted.
 struct LocalOp {
@@ -64,6 +91,7 @@ struct LocalOp {
   void* in = nullptr;       // this rank's buffers (device pointers of its GPU), may be null
   void* out = nullptr;
   cudaEvent_t ready = nullptr;  // from record_ready(): the inputs are written
+  std::shared_ptr<HierOp> hier;  // a hierarchical operation across nodes (kFlagHierarchical)
 };
 
 // One fast-path operation (see above), as the caller issues it.
@@ -140,6 +168,28 @@ class PeerExecutor {
   // A fast op failed (the daemon found the members disagree, a peer died, a timeout): lets
   // every kernel of this rank that waits for a peer's flag go on, and turns the path off.
   void release_fast();
+  // The job failed or the daemon died: every wait of this rank's GPU work on a peer or on a
+  // hierarchical operation's marks goes on (fast flags, barriers, tails, marks), so the streams
+  // drain; nothing is issued any more.
+  void release_all();
+
+  // Hierarchical operations across nodes. Reserves a progress word and `marks` increasing
+  // values of it (the last one marks the whole pre part).
+  struct Marks {
+    std::uint64_t* word = nullptr;
+    std::vector<std::uint64_t> values;
+  };
+  Marks reserve_marks(std::size_t marks);
+  // The operation's request failed: no plan will come. Its marks pass (its rail operation then
+  // moves whatever is there; its Work reports the failure) and no tail is enqueued for it.
+  void hier_abandon(const std::shared_ptr<HierOp>& h);
+  // Its rail operation ended: enqueues the tails that may go now, in plan order.
+  void hier_rail_done(const std::shared_ptr<HierOp>& h);
+  // Runs `cb` once `h`'s tail is enqueued or it was abandoned (at once if it already was).
+  void hier_on_tail(const std::shared_ptr<HierOp>& h, std::function<void()> cb);
+  // Blocks until `h`'s tail is enqueued or it was abandoned, driving the rail operations of
+  // the operations planned before it (their tails come first); false at `until`.
+  bool hier_wait_tail(const std::shared_ptr<HierOp>& h, std::chrono::steady_clock::time_point until);
   bool fast_off() const;
   cudaStream_t stream() const noexcept { return stream_; }
 
@@ -195,12 +245,25 @@ class PeerExecutor {
   // The last fast op ran on `s`, `done` after it (null: none recorded); `held`: a mark owns it.
   void set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held);
   void run(const Plan& p);
+  void run_hier(const Plan& p);  // a hierarchical operation's pre part
+  // Enqueues the tails of the front of hier_tails_ whose rail operations ended (mu_ held);
+  // their callbacks go to `after`.
+  void flush_tails_locked(std::vector<std::function<void()>>& after);
   void* resolve(const Plan& p, int member, bool input);
   void* map(int slot, std::uint64_t alloc_id);
   std::uint64_t* peer_flags(int slot);
+  // A barrier count: the words of the peers' flag blocks it writes, and its counters by peer.
+  struct Channel {
+    std::size_t base = 0;  // ipc::kBarrierFlagBase or ipc::kTailFlagBase
+    std::vector<std::uint64_t> sent, waited;
+  };
   void barrier(const Plan& p);
   void signal(const Plan& p);                   // on the main stream
   void wait_peers(const Plan& p, cudaStream_t s);  // every peer's next signal
+  // `slots`: the members' local slots (this rank's included, skipped).
+  void signal(const std::vector<int>& slots, Channel& ch, cudaStream_t s);
+  void wait_peers(const std::vector<int>& slots, Channel& ch, cudaStream_t s);
+  void write_word(std::uint64_t* word, std::uint64_t value, cudaStream_t s);
   void fork();                                  // the side stream after the main one
   void side_copy(void* dst, const void* src, std::uint64_t bytes);
   // Two-shot pull AllReduce pipelined in pieces of this many bytes (SMDDP_TWOSHOT_PIECE_BYTES;
@@ -239,8 +302,18 @@ class PeerExecutor {
   std::uint64_t scratch_bytes_ = 0;
   std::vector<std::uint64_t*> peer_flags_;      // by slot, opened lazily (the whole flag allocation)
   // By peer slot: the signals this rank sent it and the ones it waited for (a barrier is one
-  // of each; every member of an op sends and waits as often, in the same order).
-  std::vector<std::uint64_t> signals_sent_, signals_waited_;
+  // of each; every member of an op sends and waits as often, in the same order). Plans' barriers
+  // count on one channel, hierarchical operations' tails on another.
+  Channel main_{ipc::kBarrierFlagBase, {}, {}};
+  Channel tail_{ipc::kTailFlagBase, {}, {}};
+  // Hierarchical operations: progress words (kMarkWords, reused round-robin with increasing
+  // values), and the planned ones whose tails are not enqueued yet, in plan order.
+  static constexpr std::size_t kMarkWords = 1024;
+  std::uint64_t* marks_ = nullptr;
+  std::uint64_t mark_ops_ = 0;
+  std::deque<std::shared_ptr<HierOp>> hier_tails_;
+  std::condition_variable hier_cv_;
+  std::vector<std::function<void()>> deferred_;  // to run once drain() releases mu_
   std::map<std::pair<int, std::uint64_t>, Mapping> maps_;  // (slot, alloc id)
   // Mappings of allocations their owners freed (or whose id now names other bytes). Closing
   // one may synchronize the whole device, so it waits until every GPU op this rank enqueued
