@@ -931,6 +931,7 @@ void Daemon::update_status(Clock::time_point now) {
              // copies the live ranks were sent but have not made yet (regions still held).
              {"direct_reads", {{"chunks", direct_read_ops_}, {"copies_behind", sources_behind()}}},
              {"internode", internode_status()},
+             {"traffic", traffic_status()},
              {"stalls", std::move(stalls)},
              {"job_error", job_error_}};
   ++status_generation_;
@@ -945,6 +946,29 @@ std::uint64_t Daemon::sources_behind() const {
     if (done < sources_sent_[s]) behind += sources_sent_[s] - done;  // the rank's own count: trusted for display only
   }
   return behind;
+}
+
+nlohmann::json Daemon::traffic_status() const {
+  // Where the bytes go, by operation type: what the ranks copied between their GPU and their
+  // arena (CUDA tensors across nodes), counted by the ranks in their slots.
+  nlohmann::json by_op = nlohmann::json::object();
+  nlohmann::json by_rank = nlohmann::json::array();
+  for (int s = 0; s < layout_.nproc_per_node; ++s) {
+    const auto& slot = segment_.slot(s);
+    std::uint64_t to_host = 0, to_device = 0;
+    for (int i = 0; i < ipc::kOpTypeCount; ++i) {
+      const auto h = slot.staged_to_host[i].load(std::memory_order_relaxed);
+      const auto d = slot.staged_to_device[i].load(std::memory_order_relaxed);
+      to_host += h;
+      to_device += d;
+      if (h == 0 && d == 0) continue;
+      auto& o = by_op[std::string(ipc::to_string(static_cast<OpType>(i)))];
+      o["to_host_bytes"] = o.value("to_host_bytes", std::uint64_t{0}) + h;
+      o["to_device_bytes"] = o.value("to_device_bytes", std::uint64_t{0}) + d;
+    }
+    by_rank.push_back({{"rank", slot.rank}, {"to_host_bytes", to_host}, {"to_device_bytes", to_device}});
+  }
+  return {{"by_op", std::move(by_op)}, {"by_rank", std::move(by_rank)}};
 }
 
 nlohmann::json Daemon::internode_status() const {

@@ -110,6 +110,7 @@ class Daemon {
   // Runs a device match: fills each member's daemon event, or returns an error.
   std::optional<std::string> run_device(const Match& m, std::vector<cuda::DoneMark>& done, std::uint64_t& bytes);
   nlohmann::json internode_status() const;
+  nlohmann::json traffic_status() const;  // bytes by operation type: staged by the ranks
   nlohmann::json gpu_status() const;
   // Enqueues deferred GPU work whose inputs became ready; true if any ran.
   bool gpu_progress();

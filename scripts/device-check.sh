@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (through the device tool): builds with that machine's
-# toolchain and torch, runs the unit, integration and Python suites (GPU tests included;
-# they skip on a CPU machine), then the benchmarks when asked, and writes every log plus a
-# JSON summary under $OUT (default ./device-out).
+# Builds and runs the GPU tests and benchmarks on a machine with a GPU, in one run that fits a
+# 10-minute limit, and writes every log plus a JSON summary under $OUT (default ./device-out).
 #
 #   scripts/device-check.sh [--quick] [--all-gpus] [--no-bench] [--mpirun-training] [--skip STEPS]
-#                           [--only LABELS]
+#                           [--steps STEPS] [--only LABELS]
 #
-# --quick builds only what the GPU path needs, runs the GPU suites through smddprun only (and
-# across 2 simulated nodes; steps gpu_copier, gpu_collectives, gpu_capture, gpu_training,
-# latency_probe, gpu_multinode), then the benchmark sweep (16 B to 1 GiB beside NCCL), the overlap
-# benchmark and CUDA tensors across 2 simulated nodes, each step under its own time limit so that
-# one hang cannot eat the call. On 2xH200 it takes 8-10 minutes (the collectives suite alone
-# 4-6, more on a slow host): to stay inside a 10-minute limit, split it, e.g. `--no-bench
-# --mpirun-training` in one run and `--skip gpu_collectives,gpu_capture,gpu_training,gpu_multinode`
-# in the next.
+# --quick builds only what the GPU path needs and runs its steps, each under its own time limit
+# so that one hang cannot eat the run:
+#   gpu_copier       the arena copier on the GPU (lanes, fences, ordering)
+#   gpu_collectives  every collective x dtype beside NCCL, through smddprun (2 GPUs)
+#   gpu_capture      collectives refused inside CUDA graph captures, captures beside them
+#   gpu_training     DDP / FSDP1 / FSDP2 parity with NCCL (2 GPUs)
+#   latency_probe    where a small all-reduce's time goes
+#   gpu_multinode    CUDA tensors across 2 simulated nodes: staged (1 rank a node) and
+#                    hierarchical (2 nodes x 2 ranks on one GPU) at small sizes
+#   gpu_hier_big     the hierarchical collectives at 64 Mi elements (2 x 2 on one GPU)
+#   gpu_hier_training  DDP and FSDP2 across 2 x 2 against one node of 4 (one GPU)
+#   gpu_hier_failures  a rank killed before, during and after hierarchical all-reduces
+#   bench_sweep, bench_overlap, overlap_floor   smddp beside NCCL on one node (2 GPUs)
+#   bench_across_nodes  CUDA tensors across 2 x 2 simulated nodes: hierarchical beside staged,
+#                    and the previous build's path beside them when .old-tree holds its sources
+# --steps a,b runs only those steps; --skip a,b leaves them out. Without --quick, the ctest
+# suites (labels: --only) and scripts/bench_gpu.sh run instead.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -24,6 +31,7 @@ bench=1
 quick=0
 mpirun_training=0
 skip=","
+steps=""
 labels='unit|integration|python|gpu'
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -34,6 +42,7 @@ while [ $# -gt 0 ]; do
     --mpirun-training) mpirun_training=1 ;;
     # Steps of --quick to leave out, by name (comma-separated: gpu_training,gpu_multinode,...).
     --skip) skip=",$2,"; shift ;;
+    --steps) steps=",$2,"; shift ;;
     --only) labels="$2"; shift ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
@@ -46,7 +55,9 @@ declare -A step_rc
 
 step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
   local name="$1"; shift
-  if [[ "$skip" == *",$name,"* ]]; then echo "$name: skipped"; return 0; fi
+  if [[ "$skip" == *",$name,"* ]] || { [ -n "$steps" ] && [[ "$steps" != *",$name,"* ]]; }; then
+    echo "$name: skipped"; return 0
+  fi
   local t0=$SECONDS
   "$@" >"$OUT/$name.log" 2>&1
   step_rc[$name]=$?
@@ -80,8 +91,15 @@ if [ "$quick" -eq 1 ]; then
     # Where a small all-reduce's time goes (CPU issue and wait, GPU drain), from rank 0.
     step latency_probe env PYTHONPATH="$build/python" SMDDP_BIN_DIR="$build/bin" timeout 90 \
       "$build/bin/smddprun" --daemon "$build/bin/smddp-daemon" --nproc-per-node 2 -- "$py" tests/gpu/latency_probe.py
-    step gpu_multinode "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$([ -e "$build/daemon/transport/libsmddp_transport.a" ] && echo ON || echo OFF)" \
-      timeout 120 "$py" -m pytest "${pytest_args[@]}" tests/gpu/test_gpu_multinode.py
+    fabric="$([ -e "$build/daemon/transport/libsmddp_transport.a" ] && echo ON || echo OFF)"
+    step gpu_multinode "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 300 "$py" -m pytest "${pytest_args[@]}" \
+      tests/gpu/test_gpu_multinode.py -k "not 64mi and not training and not killed"
+    step gpu_hier_big "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 300 "$py" -m pytest "${pytest_args[@]}" \
+      tests/gpu/test_gpu_multinode.py -k 64mi
+    step gpu_hier_training "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 300 "$py" -m pytest "${pytest_args[@]}" \
+      tests/gpu/test_gpu_multinode.py -k training
+    step gpu_hier_failures "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 300 "$py" -m pytest "${pytest_args[@]}" \
+      tests/gpu/test_gpu_multinode.py -k killed
     if [ "$mpirun_training" -eq 1 ]; then
       # Plain mpirun (the plugin starts the daemon); the ranks print their stacks if it is slow.
       step gpu_training_mpirun "${gpu_env[@]}" SMDDP_TEST_STACKS_AFTER=150 timeout 200 "$py" -m pytest \
@@ -95,10 +113,17 @@ if [ "$quick" -eq 1 ]; then
         --max 1G --overlap --json "$OUT/bench/overlap.json"
       # The same matmul loop beside raw copy-engine copies of the same bytes: the floor under it.
       step overlap_floor timeout 90 "$py" scripts/diag/overlap_floor.py
-      # CUDA tensors across 2 simulated nodes (arena staging through the fabric) beside CPU tensors.
-      if [ -e "$build/daemon/transport/libsmddp_transport.a" ]; then
-        step bench_multinode timeout 120 "$py" scripts/bench_torch.py --build "$build" --simulate-nodes 2 --nproc 2 \
-          --ops allreduce,allgather,reducescatter --min 64K --max 256M --json "$OUT/bench/multinode.json"
+      # CUDA tensors across 2 simulated nodes x 2 ranks: hierarchical beside staged, and the
+      # previous build (.old-tree: its sources, built here beside this one) on the same job shape.
+      if [ "$fabric" = ON ]; then
+        step bench_across_nodes timeout 240 "$py" scripts/bench_across_nodes.py --build "$build" \
+          --ops allreduce,allgather,reducescatter --min 1M --max 256M --json "$OUT/bench/across_nodes.json"
+        if [ -d .old-tree ]; then
+          step build_old bash -c "cmake -S .old-tree -B build-old -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+            cmake --build build-old -j$jobs --target smddp-daemon smddp-ctl smddp_torch_plugin smddprun"
+          step bench_across_nodes_old timeout 200 "$py" scripts/bench_across_nodes.py --build build-old --paths staged \
+            --ops allreduce,allgather,reducescatter --min 1M --max 256M --json "$OUT/bench/across_nodes_old.json"
+        fi
       fi
     fi
   fi

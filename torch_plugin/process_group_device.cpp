@@ -121,19 +121,6 @@ void ProcessGroupSMDDP::device_buffers(WorkSMDDP& w, client::DeviceCall& call, c
 }
 
 namespace {
-// SMDDP_CUDA_ACROSS_NODES: how CUDA tensors of a group that spans nodes cross them.
-bool hierarchical_by_setting() {
-  static const bool v = [] {
-    const char* e = std::getenv("SMDDP_CUDA_ACROSS_NODES");
-    const std::string x = e ? e : "";
-    if (x.empty() || x == "hierarchical") return true;
-    if (x == "staged") return false;
-    throw SmddpException(ErrorKind::InvalidArgument, "smddp: SMDDP_CUDA_ACROSS_NODES='" + x +
-                                                         "' is not one of hierarchical (the default) or staged");
-  }();
-  return v;
-}
-
 std::uint64_t env_bytes(const char* name, std::uint64_t fallback) {
   const char* e = std::getenv(name);
   if (!e || !*e) return fallback;
@@ -147,7 +134,7 @@ std::uint64_t env_bytes(const char* name, std::uint64_t fallback) {
 
 bool ProcessGroupSMDDP::hierarchical_path(const client::DeviceCall& call) {
   using client::OpType;
-  if (!hierarchical_by_setting() || !cuda_path_->rank_exec() || call.count == 0) return false;
+  if (!hierarchical_ || !cuda_path_->rank_exec() || call.count == 0) return false;
   if (call.op != OpType::AllReduce && call.op != OpType::ReduceScatter && call.op != OpType::AllGather &&
       call.op != OpType::Reduce && call.op != OpType::Broadcast)
     return false;

@@ -64,6 +64,17 @@ bool env_true(const char* name) {
   return s == "1" || s == "true" || s == "TRUE" || s == "True" || s == "yes";
 }
 
+// SMDDP_CUDA_ACROSS_NODES, read when a process group is made: how CUDA tensors of a group that
+// spans nodes cross them. Every member of a group must see the same value.
+bool hierarchical_setting() {
+  const char* e = std::getenv("SMDDP_CUDA_ACROSS_NODES");
+  const std::string x = e ? e : "";
+  if (x.empty() || x == "hierarchical") return true;
+  if (x == "staged") return false;
+  throw SmddpException(ErrorKind::InvalidArgument, "smddp: SMDDP_CUDA_ACROSS_NODES='" + x +
+                                                       "' is not one of hierarchical (the default) or staged");
+}
+
 void check_all(const char* op, const std::vector<at::Tensor>& tensors, const std::string& what) {
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     check_tensor(op, tensors[i], what + "[" + std::to_string(i) + "]");
@@ -135,6 +146,7 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(const Config& config, std::shared_ptr<clien
       timeout_(config.timeout),
       group_id_(config.group_id),
       sdp_allgather_(env_true("SMDATAPARALLEL_OPTIMIZE_SDP")),
+      hierarchical_(hierarchical_setting()),
       fast_group_(comm_->size() == client_->world_size()) {}
 
 ProcessGroupSMDDP::~ProcessGroupSMDDP() {

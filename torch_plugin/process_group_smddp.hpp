@@ -145,6 +145,7 @@ class ProcessGroupSMDDP : public BackendBase {
   std::chrono::milliseconds timeout_;
   std::string group_id_;
   bool sdp_allgather_ = false;  // SMDATAPARALLEL_OPTIMIZE_SDP
+  bool hierarchical_ = true;    // SMDDP_CUDA_ACROSS_NODES (hierarchical, or staged whole)
   // A group of every rank of the job (the world, or another group with its members): the
   // only ones that take the GPU fast path. Each rank numbers its fast ops over all of them
   // alike only if every such group has the same members (client/gpu/peer_executor.hpp).

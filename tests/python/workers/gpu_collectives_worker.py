@@ -3,7 +3,9 @@ independently computed reference and against an NCCL group of the same job, at s
 sizes; plus Work.wait()/get_future() stream semantics. One GPU per rank (LOCAL_RANK), or
 SMDDP_TEST_GPU_BY_RANK=1 (RANK modulo the GPUs) with SMDDP_TEST_NO_NCCL=1 for ranks that share one.
 
-argv: [--big] (adds 256 MiB cases) [--sizes 1,7,65536,1048579]"""
+argv: [--big] (adds 256 MiB cases) [--sizes 1,7,65536,1048579] [--hier-only] (only the collectives
+that have a hierarchical form across nodes: all_reduce, broadcast, reduce, all_gather and
+reduce_scatter, every dtype and op, at every size; for large sizes)"""
 
 import os
 import sys
@@ -35,6 +37,7 @@ chk = Checker(rank)
 
 args = sys.argv[1:]
 BIG = "--big" in args
+HIER_ONLY = "--hier-only" in args
 # 65536: the fast path's vectorized form over many thread blocks.
 SIZES = [1, 7, 65536, (1 << 20) + 3]
 if "--sizes" in args:
@@ -281,11 +284,12 @@ def check_many_inflight():
     return None
 
 
-chk.run("stream_semantics", check_stream_semantics)
-chk.run("many_inflight", check_many_inflight)
-chk.run("chained_async_on_one_tensor", chained_on_one_tensor, rank, W, dev, (5, 600001))
-chk.run("chained_list_forms", chained_list_forms, rank, W, dev, (3, 200003))
-chk.run("chained_across_sizes", chained_across_sizes, rank, W, dev)
+if not HIER_ONLY:
+    chk.run("stream_semantics", check_stream_semantics)
+    chk.run("many_inflight", check_many_inflight)
+    chk.run("chained_async_on_one_tensor", chained_on_one_tensor, rank, W, dev, (5, 600001))
+    chk.run("chained_list_forms", chained_list_forms, rank, W, dev, (3, 200003))
+    chk.run("chained_across_sizes", chained_across_sizes, rank, W, dev)
 for n in SIZES:
     for dname in DTYPES:
         ops = ["SUM", "PRODUCT", "MIN", "MAX"]
@@ -304,17 +308,20 @@ for n in SIZES:
         chk.run("reduce_scatter_tensor.n%d.%s" % (n, dname), check_reduce_scatter, dname, n, True)
         if dname in FLOATS:
             chk.run("reduce_scatter_tensor.AVG.n%d.%s" % (n, dname), check_reduce_scatter, dname, n, True, "AVG")
+        if HIER_ONLY:
+            continue
         chk.run("gather.n%d.%s" % (n, dname), check_gather, dname, n, 0)
         chk.run("scatter.n%d.%s" % (n, dname), check_scatter, dname, n, W - 1)
         chk.run("send_recv.n%d.%s" % (n, dname), check_send_recv, dname, n)
-for dname in DTYPES:
+for dname in ([] if HIER_ONLY else DTYPES):
     chk.run("all_to_all_single.%s" % dname, check_all_to_all_single, dname, False)
     chk.run("all_to_all_single.uneven.%s" % dname, check_all_to_all_single, dname, True)
     chk.run("all_to_all.%s" % dname, check_all_to_all, dname)
 # Blocks of tens of thousands of rows, some empty (MoE token routing): copies of real size.
-chk.run("all_to_all_single.uneven_large.float32", check_all_to_all_single, "float32", True, 40000)
-chk.run("all_to_all_single.idle_rank.float32", check_all_to_all_single, "float32", "idle", 1000)
-chk.run("all_to_all_single.idle_rank.int64", check_all_to_all_single, "int64", "idle")
+if not HIER_ONLY:
+    chk.run("all_to_all_single.uneven_large.float32", check_all_to_all_single, "float32", True, 40000)
+    chk.run("all_to_all_single.idle_rank.float32", check_all_to_all_single, "float32", "idle", 1000)
+    chk.run("all_to_all_single.idle_rank.int64", check_all_to_all_single, "int64", "idle")
 if BIG:
     big = (256 << 20) // 4
     chk.run("allreduce.SUM.256MiB.float32", check_allreduce, "SUM", "float32", big)

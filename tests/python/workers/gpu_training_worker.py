@@ -4,7 +4,12 @@ over an NCCL group of the same job, from the same seed and data. The per-step lo
 FSDP2's full_tensor() parameters) must agree (fp32: rtol 1e-5). FSDP1 and FSDP2 run a second
 time over an smddp group made with SMDATAPARALLEL_OPTIMIZE_SDP=true, as SMDDP's users of
 sharded data parallelism set it: their AllGathers then take the copy-engine path (and, when
-small, its CUDA graphs, whose buffers FSDP allocates anew)."""
+small, its CUDA graphs, whose buffers FSDP allocates anew).
+
+Ranks that share one GPU (SMDDP_TEST_NO_NCCL=1, which NCCL refuses; SMDDP_TEST_GPU_BY_RANK=1 picks
+GPU RANK modulo the GPUs) train DDP and FSDP2 over smddp only, and rank 0 writes the per-step
+losses and FSDP2's parameter sums to SMDDP_TEST_LOSSES (JSON): the test compares two jobs, e.g.
+one across simulated nodes against one on a single node."""
 
 import faulthandler
 import os
@@ -27,10 +32,13 @@ T0 = time.time()
 import smdistributed.dataparallel.torch.torch_smddp  # noqa: E402,F401
 
 local = int(os.environ.get("LOCAL_RANK", "0"))
+if os.environ.get("SMDDP_TEST_GPU_BY_RANK") == "1":
+    local = int(os.environ["RANK"]) % torch.cuda.device_count()
 torch.cuda.set_device(local)
 dev = torch.device("cuda", local)
 rank, W = init()
-nccl = dist.new_group(backend="nccl")
+NO_NCCL = os.environ.get("SMDDP_TEST_NO_NCCL") == "1"
+nccl = None if NO_NCCL else dist.new_group(backend="nccl")
 smddp = dist.new_group(backend="smddp")
 os.environ["SMDATAPARALLEL_OPTIMIZE_SDP"] = "true"  # read when a group is made
 smddp_sdp = dist.new_group(backend="smddp")
@@ -125,10 +133,26 @@ def sdp_parity(kind):
     return None
 
 
-for kind in ("ddp", "ddp_bf16", "fsdp1", "fsdp2"):
-    chk.run("training.%s" % kind, parity, kind, smddp)
-for kind in ("fsdp1", "fsdp2"):
-    chk.run("training.%s_sdp" % kind, sdp_parity, kind)
+def record(name, kind, group, out):
+    """Without NCCL: trains over `group` and keeps the losses (and parameter sums) for the test."""
+    losses, params = train(kind, group)
+    out[name] = {"losses": losses, "params": None if params is None else float(params.double().sum())}
+    return None
+
+
+if NO_NCCL:
+    runs = {}
+    for name, kind, group in (("ddp", "ddp", smddp), ("fsdp2", "fsdp2", smddp), ("fsdp2_sdp", "fsdp2", smddp_sdp)):
+        chk.run("training.%s" % name, record, name, kind, group, runs)
+    if rank == 0 and os.environ.get("SMDDP_TEST_LOSSES"):
+        import json
+        with open(os.environ["SMDDP_TEST_LOSSES"], "w") as f:
+            json.dump(runs, f)
+else:
+    for kind in ("ddp", "ddp_bf16", "fsdp1", "fsdp2"):
+        chk.run("training.%s" % kind, parity, kind, smddp)
+    for kind in ("fsdp1", "fsdp2"):
+        chk.run("training.%s_sdp" % kind, sdp_parity, kind)
 torch.cuda.synchronize()
 dist.barrier()
 rc = chk.finish()
