@@ -963,8 +963,9 @@ nlohmann::json Daemon::traffic_status() const {
       to_device += d;
       if (h == 0 && d == 0) continue;
       auto& o = by_op[std::string(ipc::to_string(static_cast<OpType>(i)))];
-      o["to_host_bytes"] = o.value("to_host_bytes", std::uint64_t{0}) + h;
-      o["to_device_bytes"] = o.value("to_device_bytes", std::uint64_t{0}) + d;
+      if (!o.is_object()) o = {{"to_host_bytes", std::uint64_t{0}}, {"to_device_bytes", std::uint64_t{0}}};
+      o["to_host_bytes"] = o["to_host_bytes"].get<std::uint64_t>() + h;
+      o["to_device_bytes"] = o["to_device_bytes"].get<std::uint64_t>() + d;
     }
     by_rank.push_back({{"rank", slot.rank}, {"to_host_bytes", to_host}, {"to_device_bytes", to_device}});
   }

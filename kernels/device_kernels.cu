@@ -380,9 +380,27 @@ cudaError_t launch_fast(const FastArgs& a, cudaStream_t s) {
   return with_kernel<FastLaunch>(a.dtype, a.reduce_op, a, s, blocks, vec);
 }
 
+namespace {
+// One thread spins until each flag reached its value (see WaitArgs).
+__global__ void wait_flags_kernel(const WaitArgs a) {
+  for (int i = 0; i < a.n; ++i) {
+    const volatile unsigned long long* f = reinterpret_cast<const volatile unsigned long long*>(a.flags[i]);
+    while (*f < a.values[i]) __nanosleep(200);
+  }
+}
+}  // namespace
+
+cudaError_t launch_wait_flags(const WaitArgs& args, cudaStream_t stream) {
+  if (args.n < 0 || args.n > kMaxKernelInputs) return cudaErrorInvalidValue;
+  if (args.n == 0) return cudaSuccess;
+  wait_flags_kernel<<<1, 1, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
 cudaError_t preload_kernels() {
   cudaFuncAttributes attr{};
   if (const auto e = cudaFuncGetAttributes(&attr, copy_kernel); e != cudaSuccess) return e;
+  if (const auto e = cudaFuncGetAttributes(&attr, wait_flags_kernel); e != cudaSuccess) return e;
   constexpr ipc::DType kTypes[] = {ipc::DType::Float32, ipc::DType::Float64, ipc::DType::Float16, ipc::DType::BFloat16,
                                    ipc::DType::Int8,    ipc::DType::UInt8,   ipc::DType::Int32,   ipc::DType::Int64,
                                    ipc::DType::Bool};

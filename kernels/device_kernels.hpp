@@ -76,6 +76,18 @@ int fast_blocks(const FastArgs& args);
 cudaError_t launch_fast(const FastArgs& args, cudaStream_t stream);
 bool fast_supported(ipc::OpType op, ipc::DType dtype, ipc::ReduceOp reduce_op);
 
+// Waits on the GPU until each of `flags` reached its value (a 64-bit counter another process
+// writes over NVLink), spinning in one thread. Unlike a stream memory operation's wait, a kernel
+// that waits does not hold back the work of other streams of this process that the hardware
+// queues behind it (CUDA_DEVICE_MAX_CONNECTIONS queues serve all of them): work the writers may
+// need to get to their writes.
+struct WaitArgs {
+  const std::uint64_t* flags[kMaxKernelInputs] = {};
+  std::uint64_t values[kMaxKernelInputs] = {};
+  int n = 0;
+};
+cudaError_t launch_wait_flags(const WaitArgs& args, cudaStream_t stream);
+
 // Loads every kernel of this file into the current context now. With CUDA's lazy loading a
 // kernel's first launch may wait for the whole context to go idle, which must not happen
 // while a stream of this process waits for a flag that another process sets.

@@ -20,7 +20,8 @@
 #   bench_sweep, bench_overlap, overlap_floor   smddp beside NCCL on one node (2 GPUs)
 #   bench_across_nodes  CUDA tensors across 2 x 2 simulated nodes: hierarchical beside staged,
 #                    and the previous build's path beside them when .old-tree holds its sources
-# --steps a,b runs only those steps; --skip a,b leaves them out. Without --quick, the ctest
+# --steps a,b runs only those steps; --skip a,b leaves them out; --fail-fast stops at the first
+# failing step. Without --quick, the ctest
 # suites (labels: --only) and scripts/bench_gpu.sh run instead.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +33,8 @@ quick=0
 mpirun_training=0
 skip=","
 steps=""
+fail_fast=0
+failed=0
 labels='unit|integration|python|gpu'
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -43,6 +46,8 @@ while [ $# -gt 0 ]; do
     # Steps of --quick to leave out, by name (comma-separated: gpu_training,gpu_multinode,...).
     --skip) skip=",$2,"; shift ;;
     --steps) steps=",$2,"; shift ;;
+    # Stop after the first step that fails (a machine's time is too dear to spend on the rest).
+    --fail-fast) fail_fast=1 ;;
     --only) labels="$2"; shift ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
@@ -55,13 +60,17 @@ declare -A step_rc
 
 step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
   local name="$1"; shift
-  if [[ "$skip" == *",$name,"* ]] || { [ -n "$steps" ] && [[ "$steps" != *",$name,"* ]]; }; then
+  # configure and the builds always run: every step needs them.
+  if [[ "$skip" == *",$name,"* ]] || { [ -n "$steps" ] && [[ "$steps" != *",$name,"* ]] &&
+                                       [[ ",configure,build,build_old," != *",$name,"* ]]; } ||
+     [ "$failed" -eq 1 ]; then
     echo "$name: skipped"; return 0
   fi
   local t0=$SECONDS
   "$@" >"$OUT/$name.log" 2>&1
   step_rc[$name]=$?
   echo "$name: rc=${step_rc[$name]} ($((SECONDS - t0)) s)"
+  if [ "${step_rc[$name]}" -ne 0 ] && [ "$fail_fast" -eq 1 ]; then failed=1; fi
   # A step cut by its time limit may leave its job behind (by exact process name only).
   pkill -9 -x smddp-daemon 2>/dev/null || true
 }
@@ -92,13 +101,26 @@ if [ "$quick" -eq 1 ]; then
     step latency_probe env PYTHONPATH="$build/python" SMDDP_BIN_DIR="$build/bin" timeout 90 \
       "$build/bin/smddprun" --daemon "$build/bin/smddp-daemon" --nproc-per-node 2 -- "$py" tests/gpu/latency_probe.py
     fabric="$([ -e "$build/daemon/transport/libsmddp_transport.a" ] && echo ON || echo OFF)"
-    step gpu_multinode "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 300 "$py" -m pytest "${pytest_args[@]}" \
+    step gpu_multinode "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" SMDDP_TRACE_HIER=1 timeout 200 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_multinode.py -k "not 64mi and not training and not killed"
-    step gpu_hier_big "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 300 "$py" -m pytest "${pytest_args[@]}" \
+    # CUDA tensors across 2 simulated nodes x 2 ranks: hierarchical beside staged, and the
+    # previous build (.old-tree: its sources, built here beside this one) on the same job shape.
+    if [ "$fabric" = ON ] && [ "$bench" -eq 1 ]; then
+      mkdir -p "$OUT/bench"
+      step bench_across_nodes timeout 180 "$py" scripts/bench_across_nodes.py --build "$build" \
+        --ops allreduce,allgather,reducescatter --min 1M --max 256M --json "$OUT/bench/across_nodes.json"
+      if [ -d .old-tree ]; then
+        step build_old bash -c "cmake -S .old-tree -B build-old -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+          cmake --build build-old -j$jobs --target smddp-daemon smddp-ctl smddp_torch_plugin smddprun"
+        step bench_across_nodes_old timeout 120 "$py" scripts/bench_across_nodes.py --build build-old --paths staged \
+          --ops allreduce,allgather,reducescatter --min 1M --max 256M --json "$OUT/bench/across_nodes_old.json"
+      fi
+    fi
+    step gpu_hier_big "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 180 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_multinode.py -k 64mi
-    step gpu_hier_training "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 300 "$py" -m pytest "${pytest_args[@]}" \
+    step gpu_hier_training "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 180 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_multinode.py -k training
-    step gpu_hier_failures "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 300 "$py" -m pytest "${pytest_args[@]}" \
+    step gpu_hier_failures "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 180 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_multinode.py -k killed
     if [ "$mpirun_training" -eq 1 ]; then
       # Plain mpirun (the plugin starts the daemon); the ranks print their stacks if it is slow.
@@ -113,18 +135,6 @@ if [ "$quick" -eq 1 ]; then
         --max 1G --overlap --json "$OUT/bench/overlap.json"
       # The same matmul loop beside raw copy-engine copies of the same bytes: the floor under it.
       step overlap_floor timeout 90 "$py" scripts/diag/overlap_floor.py
-      # CUDA tensors across 2 simulated nodes x 2 ranks: hierarchical beside staged, and the
-      # previous build (.old-tree: its sources, built here beside this one) on the same job shape.
-      if [ "$fabric" = ON ]; then
-        step bench_across_nodes timeout 240 "$py" scripts/bench_across_nodes.py --build "$build" \
-          --ops allreduce,allgather,reducescatter --min 1M --max 256M --json "$OUT/bench/across_nodes.json"
-        if [ -d .old-tree ]; then
-          step build_old bash -c "cmake -S .old-tree -B build-old -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
-            cmake --build build-old -j$jobs --target smddp-daemon smddp-ctl smddp_torch_plugin smddprun"
-          step bench_across_nodes_old timeout 200 "$py" scripts/bench_across_nodes.py --build build-old --paths staged \
-            --ops allreduce,allgather,reducescatter --min 1M --max 256M --json "$OUT/bench/across_nodes_old.json"
-        fi
-      fi
     fi
   fi
 elif step build cmake --build "$build" -j"$jobs"; [ "${step_rc[build]}" -eq 0 ]; then

@@ -97,6 +97,7 @@ CudaPath::Hierarchical CudaPath::run_hierarchical(c10::Device device, HierCall h
     throw SmddpException(ErrorKind::Internal, std::string("smddp ") + op + ": " + e.what());
   }
   auto h = std::make_shared<cg::HierOp>();
+  h->op = call.op;
   h->layout = layout;
   h->me = hc.me;
   h->piece_bytes = hc.piece_bytes;
@@ -107,6 +108,7 @@ CudaPath::Hierarchical CudaPath::run_hierarchical(c10::Device device, HierCall h
   client::DeviceCall request = call;
   request.hierarchical = true;
   prepare_rank_exec(device, request, hc.local_in, hc.local_out, hc.scale, h);
+  h->token = request.exec_token;
   client::WorkPtr posted;
   try {
     posted = group.device_op(request, options);

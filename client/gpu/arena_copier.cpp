@@ -122,6 +122,35 @@ class OpCopier final : public StagingCopier {
   }
   void copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) noexcept override {
     if (!shard_) return copy(to, in_ + offset, bytes, cudaMemcpyDeviceToHost, pair_.in);
+    std::lock_guard lk(pend_mu_);
+    if (!released_) return pending_.push_back({Pending::In, to, offset, bytes, nullptr});
+    shard_copy_in(to, offset, bytes);
+  }
+  void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept override {
+    if (!shard_) return arena_copy_out(offset, from, bytes);
+    std::lock_guard lk(pend_mu_);
+    if (!released_) return pending_.push_back({Pending::Out, nullptr, offset, bytes, from});
+    shard_copy_out(offset, from, bytes);
+  }
+  // Enqueues what the copier was given before the plan's pre part was enqueued: its waits on
+  // the marks then come after the writes of the marks, in any hardware queue they share.
+  void release_shard() {
+    std::lock_guard lk(pend_mu_);
+    if (released_) return;
+    released_ = true;
+    for (const auto& p : pending_) {
+      switch (p.what) {
+        case Pending::In: shard_copy_in(p.to, p.offset, p.bytes); break;
+        case Pending::Out: shard_copy_out(p.offset, p.from, p.bytes); break;
+        case Pending::FenceIn: record_fence(Lane::In, p.offset); break;
+        case Pending::FenceOut: record_fence(Lane::Out, p.offset); break;
+      }
+    }
+    pending_.clear();
+  }
+
+ private:
+  void shard_copy_in(std::byte* to, std::uint64_t offset, std::uint64_t bytes) noexcept {
     // The stretch is written once the pre part passed the mark that covers its end.
     std::uint64_t value = shard_->last;
     for (const auto& [ready, v] : shard_->marks)
@@ -138,8 +167,8 @@ class OpCopier final : public StagingCopier {
       copy(to + done, dev, len, cudaMemcpyDeviceToHost, pair_.in);
     });
   }
-  void copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept override {
-    if (shard_) {
+  void shard_copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept {
+    {
       if (!out_ordered_) {
         // Pushes into the other members come after the pre part's barrier with them.
         out_ordered_ = true;
@@ -154,8 +183,9 @@ class OpCopier final : public StagingCopier {
         if (push_known_) push(index, within, len);
         else back_.push_back({index, within, len});
       });
-      return;
     }
+  }
+  void arena_copy_out(std::uint64_t offset, const std::byte* from, std::uint64_t bytes) noexcept {
     if (!out_ordered_) {
       // A finished copy in shows that the In lane got past `ready`, so the caller's work
       // before the operation is over: one driver call less per operation that has inputs.
@@ -171,6 +201,8 @@ class OpCopier final : public StagingCopier {
     }
     copy(out_ + offset, from, bytes, cudaMemcpyHostToDevice, pair_.out);
   }
+
+ public:
   cudaStream_t out_stream() const noexcept { return pair_.out; }
   void set_push_targets(std::vector<std::vector<std::byte*>> targets) {
     std::lock_guard lk(push_mu_);
@@ -188,6 +220,18 @@ class OpCopier final : public StagingCopier {
   std::uint64_t fence(Lane lane) noexcept override {
     auto& l = state_->lanes[static_cast<std::size_t>(lane)];
     const std::uint64_t ticket = ++l.issued;
+    if (shard_) {
+      std::lock_guard lk(pend_mu_);
+      if (!released_) {
+        pending_.push_back({lane == Lane::In ? Pending::FenceIn : Pending::FenceOut, nullptr, ticket, 0, nullptr});
+        return ticket;
+      }
+    }
+    record_fence(lane, ticket);
+    return ticket;
+  }
+  void record_fence(Lane lane, std::uint64_t ticket) noexcept {
+    auto& l = state_->lanes[static_cast<std::size_t>(lane)];
     auto f = std::make_unique<Fence>(Fence{state_, static_cast<int>(lane), ticket});
     try {
       DeviceScope scope(lanes_->device());
@@ -199,7 +243,7 @@ class OpCopier final : public StagingCopier {
       check(cudaStreamWaitEvent(l.signal, l.event, 0), "cudaStreamWaitEvent");
       check(cudaLaunchHostFunc(l.signal, fence_passed, f.get()), "cudaLaunchHostFunc");
       f.release();  // fence_passed owns it now
-      return ticket;
+      return;
     } catch (const std::exception& x) {
       fail(x.what());
     }
@@ -209,7 +253,6 @@ class OpCopier final : public StagingCopier {
     // broken context, whose streams end at once.
     cudaStreamSynchronize(l.stream);
     raise(l.passed, ticket);
-    return ticket;
   }
   bool passed(Lane lane, std::uint64_t ticket) const noexcept override {
     auto& l = state_->lanes[static_cast<std::size_t>(lane)];
@@ -384,6 +427,17 @@ class OpCopier final : public StagingCopier {
     std::size_t segment;
     std::uint64_t within, bytes;
   };
+  // Shard copiers: what they were given before release_shard() (the plan), in order.
+  struct Pending {
+    enum What { In, Out, FenceIn, FenceOut } what;
+    std::byte* to;
+    std::uint64_t offset;  // FenceIn/FenceOut: the ticket
+    std::uint64_t bytes;
+    const std::byte* from;
+  };
+  std::mutex pend_mu_;
+  bool released_ = false;
+  std::vector<Pending> pending_;
   std::mutex push_mu_;  // the copies out (client's lock) and set_push_targets (the plan's thread)
   bool push_known_ = false;
   std::vector<std::vector<std::byte*>> push_targets_;
@@ -445,6 +499,8 @@ std::shared_ptr<StagingCopier> ArenaCopyLanes::shard_copier(ShardStaging shard, 
 void ArenaCopyLanes::set_push_targets(StagingCopier& copier, std::vector<std::vector<std::byte*>> targets) {
   dynamic_cast<OpCopier&>(copier).set_push_targets(std::move(targets));
 }
+
+void ArenaCopyLanes::release_shard(StagingCopier& copier) { dynamic_cast<OpCopier&>(copier).release_shard(); }
 
 void ArenaCopyLanes::order_after(StagingCopier& copier, cudaStream_t consumer) {
   dynamic_cast<OpCopier&>(copier).order_after(consumer);

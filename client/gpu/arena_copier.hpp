@@ -36,9 +36,9 @@ namespace smddp::client::gpu {
 // What a hierarchical operation's copier adds to an arena copier's (client/gpu/hier_schedule.hpp):
 // where its rail operation's input and output lie in this rank's GPU memory, and the progress
 // word the pre part writes on the rank's main stream. A copy in waits (on the GPU, with a stream
-// memory operation) until the word shows the mark that covers its bytes, so the copier can be
-// made, and the rail operation posted, before the plan that enqueues the pre part arrives: its
-// copies then wait on the GPU, not the CPU. The Out lane waits for the last mark before its first
+// memory operation) until the word shows the mark that covers its bytes; the copier can be made,
+// and the rail operation posted, before the plan that enqueues the pre part arrives: what it is
+// given until then waits in the copier (release_shard). The Out lane waits for the last mark before its first
 // copy (the pre part's barrier comes before any push into the node's other members), and each
 // stretch it copies back is pushed to the other members once their buffers are known
 // (set_push_targets: the plan maps them).
@@ -67,6 +67,11 @@ class ArenaCopyLanes : public std::enable_shared_from_this<ArenaCopyLanes> {
   // segment, as RailSegment::push): pushes what came back already, and the rest as it comes.
   // Failures are reported by the copier's error().
   static void set_push_targets(StagingCopier& copier, std::vector<std::vector<std::byte*>> targets);
+  // Until this is called, a shard copier only records what it is given: its copies wait for
+  // the pre part's marks, and a wait enqueued before the write it waits for could hold that
+  // write back where the two streams share a hardware queue. The executor calls it once the
+  // pre part (or, for an abandoned operation, the release of its marks) is enqueued.
+  static void release_shard(StagingCopier& copier);
   // Makes `consumer` wait for every copy `copier` (from copier()) enqueued so far, in and out.
   static void order_after(StagingCopier& copier, cudaStream_t consumer);
   // The stream `copier`'s copies out run on (its pair's, held until the copier goes). Once its

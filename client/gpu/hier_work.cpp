@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "client/gpu/hier_trace.hpp"
+
 namespace smddp::client::gpu {
 
 using Clock = std::chrono::steady_clock;
@@ -14,6 +16,8 @@ std::shared_ptr<HierWork> HierWork::start(std::shared_ptr<PeerExecutor> exec, st
                                           std::uint64_t token, WorkPtr request, WorkPtr rail) {
   auto w = std::shared_ptr<HierWork>(new HierWork(std::move(exec), std::move(h), token, std::move(request), std::move(rail)));
   w->h_->rail = w->rail_;
+  hier_trace("op %llu issued: %s, rail operation %s", static_cast<unsigned long long>(token),
+             std::string(ipc::to_string(w->h_->op)).c_str(), w->rail_ ? "posted" : "none (empty shard)");
   // Weak: the executor keeps its callbacks until the tail, and nothing must keep the Work past
   // its end through them. The client operations' callbacks hold it until they ran.
   std::weak_ptr<HierWork> weak = w;
@@ -27,6 +31,8 @@ std::shared_ptr<HierWork> HierWork::start(std::shared_ptr<PeerExecutor> exec, st
 }
 
 void HierWork::request_done() {
+  hier_trace("op %llu request answered: %s", static_cast<unsigned long long>(token_),
+             std::string(ipc::to_string(request_->status())).c_str());
   if (request_->status() == Status::Ok) {
     // The plan is in: enqueue it (and any earlier one) now, so the rail operation's copies,
     // which wait for its marks on the GPU, can go.
@@ -51,6 +57,8 @@ void HierWork::request_done() {
 }
 
 void HierWork::rail_done() {
+  hier_trace("op %llu rail operation ended: %s", static_cast<unsigned long long>(token_),
+             rail_ ? std::string(ipc::to_string(rail_->status())).c_str() : "none");
   {
     std::lock_guard lk(mu_);
     rail_over_ = true;
@@ -86,6 +94,7 @@ void HierWork::finish_if_done() {
     done_ = true;
     callbacks.swap(callbacks_);
   }
+  hier_trace("op %llu done: %s", static_cast<unsigned long long>(token_), error_.c_str());
   cv_.notify_all();
   for (auto& cb : callbacks) cb();
 }

@@ -15,6 +15,7 @@
 
 #include "client/gpu/arena_copier.hpp"
 #include "client/gpu/cuda_util.hpp"
+#include "client/gpu/hier_trace.hpp"
 #include "client/gpu/schedule.hpp"
 #include "kernels/device_kernels.hpp"
 #include "ipc/segment.hpp"
@@ -287,6 +288,13 @@ void PeerExecutor::drain() {
         errors_[p.token] = e.what();
         // A hierarchical operation whose pre part failed to enqueue still owes its tail.
         if (p.local.hier && !p.local.hier->planned) {
+          try {
+            DeviceScope scope(device_);
+            for (auto v : p.local.hier->mark_values) write_word(p.local.hier->word, v, rescue_stream_);
+          } catch (const std::exception&) {
+            // The context is broken: the copier's copies fail and say so.
+          }
+          ArenaCopyLanes::release_shard(*p.local.hier->copier);
           p.local.hier->error = e.what();
           p.local.hier->planned = true;
           hier_tails_.push_back(p.local.hier);
@@ -701,7 +709,11 @@ void PeerExecutor::run_hier(const Plan& p) {
     ArenaCopyLanes::set_push_targets(*h.copier, std::move(targets));
   }
   for (; next < h.mark_values.size(); ++next) write_word(h.word, h.mark_values[next], stream_);
+  ArenaCopyLanes::release_shard(*h.copier);
   if (!dry_error_.empty()) h.error = dry_error_;
+  hier_trace("op %llu planned: %zu marks, %zu pre steps%s%s", static_cast<unsigned long long>(h.token),
+             h.mark_values.size(), s ? s->pre.size() : std::size_t{0}, dry_error_.empty() ? "" : ", dry: ",
+             dry_error_.c_str());
   h.planned = true;
   hier_tails_.push_back(l.hier);
   // drain() holds mu_: the callbacks of tails enqueued here run once it is released.
@@ -721,13 +733,23 @@ void PeerExecutor::flush_tails_locked(std::vector<std::function<void()>>& after)
       if (stream_ops().wait(reinterpret_cast<CUstream>(out), reinterpret_cast<CUdeviceptr>(h->word),
                             h->mark_values.back(), CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)
         throw std::runtime_error("cuStreamWaitValue64 failed");
+      // The wait is a kernel: it runs once the rail operation is over, later than plans that
+      // came after it, whose barriers wait on the main stream; a stream memory operation here
+      // could hold their work back in a shared hardware queue while the peers need it.
       signal(h->slots, tail_, out);
-      wait_peers(h->slots, tail_, out);
+      kernels::WaitArgs w;
+      for (int peer : h->slots) {
+        if (peer == my_slot_) continue;
+        w.flags[w.n] = static_cast<std::uint64_t*>(flag_block_) + tail_.base + static_cast<std::size_t>(peer);
+        w.values[w.n++] = ++tail_.waited.at(static_cast<std::size_t>(peer));
+      }
+      check(kernels::launch_wait_flags(w, out), "the closing barrier's wait");
       ++stats_.barriers;
     } catch (const std::exception& e) {
       if (h->error.empty()) h->error = std::string("the closing barrier: ") + e.what();
     }
     h->tail_done = true;
+    hier_trace("op %llu tail enqueued", static_cast<unsigned long long>(h->token));
     for (auto& cb : h->on_tail) after.push_back(std::move(cb));
     h->on_tail.clear();
   }
@@ -740,12 +762,14 @@ void PeerExecutor::hier_abandon(const std::shared_ptr<HierOp>& h) {
     std::lock_guard lk(mu_);
     if (h->planned || h->abandoned) return;
     h->abandoned = true;
+    hier_trace("op %llu abandoned (its request failed)", static_cast<unsigned long long>(h->token));
     try {
       DeviceScope scope(device_);
       write_word(h->word, h->mark_values.empty() ? 0 : h->mark_values.back(), rescue_stream_);
     } catch (const std::exception& e) {
       if (h->error.empty()) h->error = e.what();
     }
+    ArenaCopyLanes::release_shard(*h->copier);
     after.swap(h->on_tail);
   }
   hier_cv_.notify_all();
@@ -775,7 +799,14 @@ void PeerExecutor::hier_rail_done(const std::shared_ptr<HierOp>& h) {
 
 bool PeerExecutor::hier_wait_tail(const std::shared_ptr<HierOp>& h, std::chrono::steady_clock::time_point until) {
   std::unique_lock lk(mu_);
+  const auto began = std::chrono::steady_clock::now();
+  bool told = false;
   while (!h->tail_done && !h->abandoned) {
+    if (!told && std::chrono::steady_clock::now() - began > std::chrono::seconds(20)) {
+      told = true;
+      hier_trace("op %llu still waits for its tail after 20 s: planned %d, rail done %d; %zu tails ahead",
+                 static_cast<unsigned long long>(h->token), h->planned, h->rail_done, hier_tails_.size());
+    }
     // Tails go in plan order: drive the first rail operation ahead of (or of) this one that
     // has not ended.
     std::shared_ptr<Work> ahead;

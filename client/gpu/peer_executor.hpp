@@ -62,6 +62,8 @@ namespace smddp::client::gpu {
 // (hier_work.hpp), the executor, which runs its pre part from the plan and its tail once the
 // rail operation ended, and its copier.
 struct HierOp {
+  ipc::OpType op = ipc::OpType::AllReduce;
+  std::uint64_t token = 0;  // the request's exec token (for traces)
   GroupLayout layout;
   int me = 0;  // group rank
   std::uint64_t piece_bytes = 0;
