@@ -108,7 +108,7 @@ if [ "$quick" -eq 1 ]; then
     if [ "$fabric" = ON ] && [ "$bench" -eq 1 ]; then
       mkdir -p "$OUT/bench"
       step bench_across_nodes timeout 180 "$py" scripts/bench_across_nodes.py --build "$build" \
-        --ops allreduce,allgather,reducescatter --min 1M --max 256M --json "$OUT/bench/across_nodes.json"
+        --ops allreduce,allgather,reducescatter --min 1M --max "${BENCH_ACROSS_MAX:-256M}" --json "$OUT/bench/across_nodes.json"
       if [ -d .old-tree ]; then
         step build_old bash -c "cmake -S .old-tree -B build-old -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
           cmake --build build-old -j$jobs --target smddp-daemon smddp-ctl smddp_torch_plugin smddprun"

@@ -299,6 +299,9 @@ void CudaPath::forget_rank_exec(std::uint64_t token) {
 std::optional<std::string> CudaPath::run_rank_exec(std::uint64_t token) {
   if (!impl_->exec) return std::string("smddp: no rank-side GPU executor");
   impl_->exec->drain();
+  // Held behind a hierarchical operation across nodes (client/gpu/peer_executor.hpp): the
+  // Work's end is marked on the stream right after, so the plan must be there first.
+  if (!impl_->exec->planned(token)) impl_->exec->wait_planned(token);
   return impl_->exec->take_error(token);
 }
 

@@ -106,7 +106,8 @@ class OpCopier final : public StagingCopier {
       // outputs are no longer read by anything issued before the operation. The Out lane
       // waits at its first copy, and only if no copy in has finished by then (see copy_out).
       check(cudaEventRecord(pair_.ready, producer), "cudaEventRecord");
-      check(cudaStreamWaitEvent(pair_.in, pair_.ready, 0), "cudaStreamWaitEvent");
+      // A shard copier waits at release_shard(): nothing of it goes on its streams before.
+      if (!shard_) check(cudaStreamWaitEvent(pair_.in, pair_.ready, 0), "cudaStreamWaitEvent");
     } catch (...) {
       release();
       throw;
@@ -138,6 +139,12 @@ class OpCopier final : public StagingCopier {
     std::lock_guard lk(pend_mu_);
     if (released_) return;
     released_ = true;
+    try {
+      DeviceScope scope(lanes_->device());
+      check(cudaStreamWaitEvent(pair_.in, pair_.ready, 0), "cudaStreamWaitEvent");
+    } catch (const std::exception& x) {
+      fail(x.what());
+    }
     for (const auto& p : pending_) {
       switch (p.what) {
         case Pending::In: shard_copy_in(p.to, p.offset, p.bytes); break;

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "client/gpu/arena_copier.hpp"
@@ -279,7 +280,22 @@ void PeerExecutor::drain() {
     if (ready_.empty() && to_close_.empty()) return;
     DeviceScope scope(device_);
     close_released();  // before the plans' work goes on the GPU
-    while (!ready_.empty()) {
+    pump_locked();
+    after.swap(deferred_);
+  }
+  for (auto& cb : after) cb();
+}
+
+void PeerExecutor::pump_locked() {
+  // A plan waits while a hierarchical operation planned before it has not enqueued its tail:
+  // every GPU wait an operation enqueues then depends only on work enqueued before it, in
+  // this process and in the others (their plans come in the same order). A later plan's
+  // waits enqueued ahead of an earlier operation's last copies could, where their streams
+  // share a hardware queue, hold those copies back while the peers wait for them.
+  for (;;) {
+    flush_tails_locked(deferred_);
+    if (ready_.empty() || !hier_tails_.empty()) return;
+    {
       Plan p = std::move(ready_.front());
       ready_.pop_front();
       try {
@@ -303,9 +319,40 @@ void PeerExecutor::drain() {
       }
       if (p.local.ready) free_events_.push_back(p.local.ready);
     }
-    after.swap(deferred_);
   }
-  for (auto& cb : after) cb();
+}
+
+bool PeerExecutor::planned(std::uint64_t token) const {
+  std::lock_guard lk(mu_);
+  return std::none_of(ready_.begin(), ready_.end(), [&](const Plan& p) { return p.token == token; });
+}
+
+void PeerExecutor::wait_planned(std::uint64_t token) {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    if (std::none_of(ready_.begin(), ready_.end(), [&](const Plan& p) { return p.token == token; })) return;
+    // Held behind a hierarchical operation's tail: drive its rail operation to its end.
+    std::shared_ptr<Work> rail = hier_tails_.empty() ? nullptr : hier_tails_.front()->rail.lock();
+    lk.unlock();
+    if (rail) {
+      try {
+        rail->wait(std::chrono::milliseconds{0});
+      } catch (const std::exception&) {
+        // Its own caller sees its failure; its tail goes on all the same.
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // its callbacks are running
+    }
+    lk.lock();
+    DeviceScope scope(device_);
+    pump_locked();
+    if (!deferred_.empty()) {
+      auto after = std::exchange(deferred_, {});
+      lk.unlock();
+      for (auto& cb : after) cb();
+      lk.lock();
+    }
+  }
 }
 
 bool PeerExecutor::no_work_pending_locked() {
@@ -792,7 +839,9 @@ void PeerExecutor::hier_rail_done(const std::shared_ptr<HierOp>& h) {
   {
     std::lock_guard lk(mu_);
     h->rail_done = true;
-    flush_tails_locked(after);
+    DeviceScope scope(device_);
+    pump_locked();  // its tail, then the plans held behind it
+    after.swap(deferred_);
   }
   for (auto& cb : after) cb();
 }

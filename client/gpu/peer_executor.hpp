@@ -137,8 +137,14 @@ class PeerExecutor {
   void expect(std::uint64_t token, LocalOp op);
   void forget(std::uint64_t token);  // the op was never submitted
   void on_completion(std::uint64_t token, const ipc::CompletionDesc& c);
-  // Enqueues every plan received so far on the stream, in order.
+  // Enqueues every plan received so far on the stream, in order, up to one held behind a
+  // hierarchical operation whose tail is not enqueued yet (see pump_locked).
   void drain();
+  // Whether `token`'s plan was enqueued (or never came); a plan-path operation's end must not
+  // be marked on the stream before it is.
+  bool planned(std::uint64_t token) const;
+  // Blocks until `token`'s plan is enqueued, driving the rail operations it is held behind.
+  void wait_planned(std::uint64_t token);
   // Why the op's GPU work could not run (it still took part in every barrier, so the other
   // ranks go on); nullopt when it ran.
   std::optional<std::string> take_error(std::uint64_t token);
@@ -248,6 +254,7 @@ class PeerExecutor {
   void set_last_fast_locked(cudaStream_t s, cudaEvent_t done, bool held);
   void run(const Plan& p);
   void run_hier(const Plan& p);  // a hierarchical operation's pre part
+  void pump_locked();            // enqueues the tails and the plans that may go now
   // Enqueues the tails of the front of hier_tails_ whose rail operations ended (mu_ held);
   // their callbacks go to `after`.
   void flush_tails_locked(std::vector<std::function<void()>>& after);
