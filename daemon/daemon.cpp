@@ -14,6 +14,7 @@
 #include "daemon/control/control_server.hpp"
 #include "daemon/cuda/gpu_executor.hpp"
 #include "daemon/gpu_stats.hpp"
+#include "daemon/internode/rail_map.hpp"
 #include "daemon/version.hpp"
 #include "ipc/names.hpp"
 #include "ipc/validate.hpp"
@@ -101,7 +102,8 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
     internode::Engine::Options o;
     o.default_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config_.collective_timeout);
     engine_ = std::make_unique<internode::Engine>(std::move(internode->topology), std::move(internode->transport),
-                                                  internode->addresses, segment_, host_.pool(), o);
+                                                  internode->cards, segment_, host_.pool(), o);
+    assumed_gpu_ = std::move(internode->gpu_of_slot);
   }
   ipc::ensure_socket_dir();
   control_ = std::make_unique<ControlServer>(ipc::socket_path(layout_.job_id, layout_.node_id),
@@ -263,6 +265,7 @@ bool Daemon::poll_rings(Clock::time_point now) {
       if (attach_mode_) info.pid = slot.pid;
       spdlog::info("rank {} registered (pid {}, device {})", slot.rank, slot.pid,
                    slot.device_bus_id[0] ? slot.device_bus_id : "cpu");
+      note_rank_gpu(s);
     }
     read_releases(s);
     ipc::RequestDesc d;
@@ -908,6 +911,18 @@ std::uint64_t Daemon::sources_behind() const {
     if (done < sources_sent_[s]) behind += sources_sent_[s] - done;  // the rank's own count: trusted for display only
   }
   return behind;
+}
+
+void Daemon::note_rank_gpu(int s) const {
+  if (!engine_ || static_cast<std::size_t>(s) >= assumed_gpu_.size()) return;
+  const auto& slot = segment_.slot(s);
+  const auto& assumed = assumed_gpu_[static_cast<std::size_t>(s)];
+  const std::string actual = internode::normalize_bus_id(std::string(slot.device_bus_id, ::strnlen(slot.device_bus_id, ipc::kBusIdBytes)));
+  if (assumed.empty() || actual.empty() || actual == assumed) return;
+  // The table was published at bootstrap and both sides of every message rely on it: it stays.
+  spdlog::info("rank {} (local slot {}) uses GPU {}, but the fabric endpoint table assumed GPU {}: its operations "
+               "with one member per node take endpoint {}, which may not be the nearest",
+               slot.rank, s, actual, assumed, engine_->rails().rail_of_slot.at(static_cast<std::size_t>(s)));
 }
 
 nlohmann::json Daemon::internode_status() const {

@@ -1,5 +1,5 @@
 // Which endpoint serves each local slot (rail_map.hpp) on fake sysfs trees, the bootstrap's
-// node card (node_card.hpp).
+// node card (node_card.hpp) and the rail rules both nodes apply alike (rail_choice.hpp).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daemon/internode/node_card.hpp"
+#include "daemon/internode/rail_choice.hpp"
 #include "daemon/internode/rail_map.hpp"
 
 namespace smddp::daemon::internode {
@@ -279,6 +280,30 @@ TEST(NodeCard, MalformedCardsAreRefusedSayingWhy) {
   EXPECT_THROW(from_hex("abc"), std::invalid_argument);
   EXPECT_THROW(from_hex("zz"), std::invalid_argument);
   EXPECT_EQ(from_hex("0aFf"), (std::vector<std::uint8_t>{0x0a, 0xff}));
+}
+
+// ---- Rail choice: each side decides alone; both name the same pair.
+
+TEST(RailChoice, BothSidesNameTheSamePair) {
+  const RailTable a{4, {0, 0, 1, 1, 2, 2, 3, 3}}, b{2, {1, 1, 1, 0, 0, 0, 1, 0}};
+  for (int sa = 0; sa < 8; ++sa)
+    for (int sb = 0; sb < 8; ++sb) {
+      const auto from_a = pinned_rail(a, sa, b, sb), from_b = pinned_rail(b, sb, a, sa);
+      EXPECT_EQ(from_a.local, from_b.remote);
+      EXPECT_EQ(from_a.remote, from_b.local);
+      EXPECT_EQ(from_a.local, a.rail_of_slot[static_cast<std::size_t>(sa)]);
+    }
+  std::vector<int> used(2, 0);
+  for (std::uint64_t key = 0; key < 1000; ++key) {
+    const auto from_a = striped_rail(key * 0x9e3779b97f4a7c15ull, 4, 2), from_b = striped_rail(key * 0x9e3779b97f4a7c15ull, 2, 4);
+    EXPECT_EQ(from_a, from_b);
+    EXPECT_EQ(from_a.local, from_a.remote);
+    ASSERT_LT(from_a.local, 2);  // min of the two counts
+    ++used[static_cast<std::size_t>(from_a.local)];
+  }
+  EXPECT_GT(used[0], 300);
+  EXPECT_GT(used[1], 300);
+  EXPECT_EQ(striped_rail(12345, 1, 32), (transport::Rail{0, 0}));
 }
 
 }  // namespace
