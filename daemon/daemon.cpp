@@ -242,6 +242,12 @@ int Daemon::loop() {
     internode_finished(engine_->fail_all(Status::Shutdown, "the job's ranks have all exited"));
     // A clean node waits for the others (its last messages must land); a failed one leaves.
     engine_->finish(job_error_.empty() ? std::chrono::milliseconds(config_.collective_timeout) : std::chrono::milliseconds(1000));
+    std::string bytes;
+    const auto infos = engine_->endpoint_info();
+    for (std::size_t i = 0; i < infos.size(); ++i)
+      bytes += (i ? "; " : "") + std::to_string(i) + ": " + std::to_string(infos[i].bytes_sent) + " sent, " +
+               std::to_string(infos[i].bytes_received) + " received";
+    spdlog::info("fabric endpoint bytes: {}", bytes);
   }
   segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Stopping), std::memory_order_release);
   spdlog::info("all ranks exited; job exit status {}; {} collectives, {} bytes", exit_code_, collectives_done_,
@@ -927,11 +933,31 @@ void Daemon::note_rank_gpu(int s) const {
 
 nlohmann::json Daemon::internode_status() const {
   if (!engine_) return {{"enabled", false}};
+  // The fabric endpoints: each one's device and the message bytes that went through it.
+  nlohmann::json endpoints = nlohmann::json::array();
+  std::string provider;
+  const auto infos = engine_->endpoint_info();
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    const auto& e = infos[i];
+    provider = e.provider;
+    endpoints.push_back({{"index", i},
+                         {"device", e.device},
+                         {"pci", e.pci},
+                         {"address", e.address},
+                         {"bytes_sent", e.bytes_sent},
+                         {"bytes_received", e.bytes_received}});
+  }
   return {{"enabled", true},
           {"operations_in_flight", engine_->in_flight()},
           // Buffers made for what other nodes send (kept for reuse, up to the arenas' bytes).
           {"staging_buffers_made", engine_->staging_allocations()},
-          {"staging_bytes_kept", engine_->staging_cached_bytes()}};
+          {"staging_bytes_kept", engine_->staging_cached_bytes()},
+          {"fabric",
+           {{"provider", provider},
+            {"endpoint_count", infos.size()},
+            {"endpoints", std::move(endpoints)},
+            // Local slot -> the endpoint its operations with one member per node take.
+            {"endpoint_of_slot", engine_->rails().rail_of_slot}}}};
 }
 
 nlohmann::json Daemon::gpu_status() const {
