@@ -1,7 +1,9 @@
 // fabric_pingpong: latency and bandwidth of the Transport between two processes on this
 // machine. The process forks; the child echoes, the parent measures and prints a table.
 //   fabric_pingpong [--provider tcp;ofi_rxm|shm|...] [--interface lo] [--endpoints N]
-//                   [--max-bytes N] [--max-message N] [--iters N] [--window N]
+//                   [--min-bytes N] [--max-bytes N] [--factor F] [--max-message N] [--iters N]
+//                   [--window N]
+// Sizes: 0, then min-bytes (8 if 0) times factor (8) up to max-bytes, and max-bytes.
 // Latency: half a round trip of one message each way (endpoint 0). Bandwidth: `window` messages
 // in flight one way, then a 0-byte acknowledgement; both ways: `window` messages in flight each
 // way at once (as an allreduce across nodes moves its bytes), per direction. With N endpoints
@@ -33,7 +35,9 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   TransportConfig config;
+  std::size_t min_bytes = 0;
   std::size_t max_bytes = std::size_t{64} << 20;
+  std::size_t factor = 8;
   int iters = 1000;
   int window = 16;
 };
@@ -60,10 +64,11 @@ class Waiter {
   std::string error_;
 };
 
-std::vector<std::size_t> sizes(std::size_t max_bytes) {
-  std::vector<std::size_t> out{0};
-  for (std::size_t b = 8; b <= max_bytes; b *= 8) out.push_back(b);
-  if (out.back() != max_bytes) out.push_back(max_bytes);
+std::vector<std::size_t> sizes(const Options& o) {
+  std::vector<std::size_t> out;
+  if (o.min_bytes == 0) out.push_back(0);
+  for (std::size_t b = std::max<std::size_t>(o.min_bytes, 8); b <= o.max_bytes; b *= o.factor) out.push_back(b);
+  if (out.empty() || out.back() != o.max_bytes) out.push_back(o.max_bytes);
   return out;
 }
 // Fewer repetitions for large messages: about 256 MiB of traffic per size, at least 5.
@@ -113,7 +118,7 @@ void run(bool client, const Options& o, int fd_out, int fd_in) {
   std::vector<std::uint8_t> buf(std::max(2 * o.max_bytes, std::min(window_bytes, std::size_t{256} << 20)) + 1, 1);
   MemoryRegion region = t->register_memory(buf.data(), buf.size());
   if (client) std::printf("%12s %12s %10s %12s\n", "bytes", "latency_us", "GB/s", "both_GB/s");
-  for (std::size_t bytes : sizes(o.max_bytes)) {
+  for (std::size_t bytes : sizes(o)) {
     const int reps = reps_for(bytes, o.iters);
     const int warmup = std::max(1, reps / 10);
     // Ping-pong.
@@ -185,12 +190,16 @@ Options parse(int argc, char** argv) {
     else if (a == "--interface") o.config.interface = value();
     else if (a == "--endpoints") o.config.endpoints = std::stoi(value());
     else if (a == "--max-bytes") o.max_bytes = std::stoull(value());
+    else if (a == "--min-bytes") o.min_bytes = std::stoull(value());
+    else if (a == "--factor") o.factor = std::stoull(value());
     else if (a == "--max-message") o.config.max_message = std::stoull(value());
     else if (a == "--iters") o.iters = std::stoi(value());
     else if (a == "--window") o.window = std::stoi(value());
     else if (a == "--inflight") o.config.max_inflight = std::stoull(value());
     else throw std::invalid_argument("unknown option " + a);
   }
+  if (o.factor < 2) throw std::invalid_argument("--factor must be 2 or more");
+  if (o.min_bytes > o.max_bytes) throw std::invalid_argument("--min-bytes exceeds --max-bytes");
   return o;
 }
 
