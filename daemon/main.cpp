@@ -178,13 +178,20 @@ daemon::internode::NodeCard read_card(const std::vector<std::uint8_t>& bytes, in
 daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const daemon::DaemonConfig& c) {
   daemon::InternodeSetup s;
   std::string error;
+  std::vector<std::uint8_t> card;
   s.transport = open_transport(c, error);
+  if (s.transport) {
+    try {
+      card = daemon::internode::encode_node_card(describe_endpoints(*s.transport, l.nproc_per_node, s.gpu_of_slot));
+    } catch (const std::exception& e) {
+      error = std::string("describing this node's fabric endpoints: ") + e.what();
+    }
+  }
   // Every daemon must learn that one failed, or the others would wait in the allgather.
   int ok = error.empty(), all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok) throw std::runtime_error(error);
   if (!all_ok) throw std::runtime_error("another node could not open its fabric endpoints (see its log)");
-  const auto card = daemon::internode::encode_node_card(describe_endpoints(*s.transport, l.nproc_per_node, s.gpu_of_slot));
   // A fixed record (pid, host, the card's length), then the cards, whose lengths differ.
   struct Record {
     std::int32_t pid = 0;
