@@ -65,6 +65,10 @@ const std::map<std::string, Setter>& keys() {
       {"daemon.log_level", [](DaemonConfig& c, const std::string&, const std::string& v) { c.log_level = v; }},
       {"fabric.provider", [](DaemonConfig& c, const std::string&, const std::string& v) { c.fabric_provider = v; }},
       {"fabric.interface", [](DaemonConfig& c, const std::string&, const std::string& v) { c.fabric_interface = v; }},
+      {"fabric.endpoints",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.fabric_endpoints = static_cast<int>(parse_int(key, v, 1, 64));  // Transport::kMaxEndpoints
+       }},
       {"fabric.max_inflight",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.fabric_max_inflight = static_cast<std::size_t>(parse_int(key, v, 1, 1 << 16));

@@ -25,7 +25,8 @@ struct DaemonConfig {
   std::string log_level = "info";
   std::string fabric_provider = "tcp;ofi_rxm";
   std::string fabric_interface = "lo";
-  std::size_t fabric_max_inflight = 64;  // sends posted to the provider at once
+  int fabric_endpoints = 1;              // endpoints ("rails"): one per EFA device on AWS
+  std::size_t fabric_max_inflight = 64;  // sends posted to the provider at once, per endpoint
   std::size_t fabric_max_message = 0;    // largest provider message (bytes); 0: the provider's
 
   // Reads `path` (may be empty: defaults), then applies `overrides` ("section.key=value").

@@ -10,6 +10,8 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu_stats.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/engine.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/node_card.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/rail_map.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/staging_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/allreduce_rs_ag.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/eager.cpp

@@ -14,6 +14,7 @@
 #include "daemon/control/control_server.hpp"
 #include "daemon/cuda/gpu_executor.hpp"
 #include "daemon/gpu_stats.hpp"
+#include "daemon/internode/rail_map.hpp"
 #include "daemon/version.hpp"
 #include "ipc/names.hpp"
 #include "ipc/validate.hpp"
@@ -103,7 +104,8 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
     internode::Engine::Options o;
     o.default_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config_.collective_timeout);
     engine_ = std::make_unique<internode::Engine>(std::move(internode->topology), std::move(internode->transport),
-                                                  internode->addresses, segment_, host_.pool(), o);
+                                                  internode->cards, segment_, host_.pool(), o);
+    assumed_gpu_ = std::move(internode->gpu_of_slot);
   }
   ipc::ensure_socket_dir();
   control_ = std::make_unique<ControlServer>(ipc::socket_path(layout_.job_id, layout_.node_id),
@@ -242,6 +244,12 @@ int Daemon::loop() {
     internode_finished(engine_->fail_all(Status::Shutdown, "the job's ranks have all exited"));
     // A clean node waits for the others (its last messages must land); a failed one leaves.
     engine_->finish(job_error_.empty() ? std::chrono::milliseconds(config_.collective_timeout) : std::chrono::milliseconds(1000));
+    std::string bytes;
+    const auto infos = engine_->endpoint_info();
+    for (std::size_t i = 0; i < infos.size(); ++i)
+      bytes += (i ? "; " : "") + std::to_string(i) + ": " + std::to_string(infos[i].bytes_sent) + " sent, " +
+               std::to_string(infos[i].bytes_received) + " received";
+    spdlog::info("fabric endpoint bytes: {}", bytes);
   }
   segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Stopping), std::memory_order_release);
   spdlog::info("all ranks exited; job exit status {}; {} collectives, {} bytes", exit_code_, collectives_done_,
@@ -265,6 +273,7 @@ bool Daemon::poll_rings(Clock::time_point now) {
       if (attach_mode_) info.pid = slot.pid;
       spdlog::info("rank {} registered (pid {}, device {})", slot.rank, slot.pid,
                    slot.device_bus_id[0] ? slot.device_bus_id : "cpu");
+      note_rank_gpu(s);
     }
     read_releases(s);
     ipc::RequestDesc d;
@@ -972,13 +981,45 @@ nlohmann::json Daemon::traffic_status() const {
   return {{"by_op", std::move(by_op)}, {"by_rank", std::move(by_rank)}};
 }
 
+void Daemon::note_rank_gpu(int s) const {
+  if (!engine_ || static_cast<std::size_t>(s) >= assumed_gpu_.size()) return;
+  const auto& slot = segment_.slot(s);
+  const auto& assumed = assumed_gpu_[static_cast<std::size_t>(s)];
+  const std::string actual = internode::normalize_bus_id(std::string(slot.device_bus_id, ::strnlen(slot.device_bus_id, ipc::kBusIdBytes)));
+  if (assumed.empty() || actual.empty() || actual == assumed) return;
+  // The table was published at bootstrap and both sides of every message rely on it: it stays.
+  spdlog::info("rank {} (local slot {}) uses GPU {}, but the fabric endpoint table assumed GPU {}: its operations "
+               "with one member per node take endpoint {}, which may not be the nearest",
+               slot.rank, s, actual, assumed, engine_->rails().rail_of_slot.at(static_cast<std::size_t>(s)));
+}
+
 nlohmann::json Daemon::internode_status() const {
   if (!engine_) return {{"enabled", false}};
+  // The fabric endpoints: each one's device and the message bytes that went through it.
+  nlohmann::json endpoints = nlohmann::json::array();
+  std::string provider;
+  const auto infos = engine_->endpoint_info();
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    const auto& e = infos[i];
+    provider = e.provider;
+    endpoints.push_back({{"index", i},
+                         {"device", e.device},
+                         {"pci", e.pci},
+                         {"address", e.address},
+                         {"bytes_sent", e.bytes_sent},
+                         {"bytes_received", e.bytes_received}});
+  }
   return {{"enabled", true},
           {"operations_in_flight", engine_->in_flight()},
           // Buffers made for what other nodes send (kept for reuse, up to the arenas' bytes).
           {"staging_buffers_made", engine_->staging_allocations()},
-          {"staging_bytes_kept", engine_->staging_cached_bytes()}};
+          {"staging_bytes_kept", engine_->staging_cached_bytes()},
+          {"fabric",
+           {{"provider", provider},
+            {"endpoint_count", infos.size()},
+            {"endpoints", std::move(endpoints)},
+            // Local slot -> the endpoint its operations with one member per node take.
+            {"endpoint_of_slot", engine_->rails().rail_of_slot}}}};
 }
 
 nlohmann::json Daemon::gpu_status() const {

@@ -49,11 +49,14 @@ struct JobLayout {
 };
 
 // What a job across nodes adds: the transport (not yet connected), every node's endpoint
-// name and daemon (from the bootstrap).
+// names, slot table and daemon (from the bootstrap).
 struct InternodeSetup {
   std::unique_ptr<transport::Transport> transport;
   internode::Topology topology;
-  std::vector<std::vector<std::uint8_t>> addresses;
+  std::vector<internode::NodeCard> cards;  // by node id
+  // The GPU this node's slot table assumed for each local slot ("" when none): a rank that
+  // registers with another is logged (its rail is not the nearest one).
+  std::vector<std::string> gpu_of_slot;
 };
 
 class Daemon {
@@ -111,6 +114,8 @@ class Daemon {
   std::optional<std::string> run_device(const Match& m, std::vector<cuda::DoneMark>& done, std::uint64_t& bytes);
   nlohmann::json internode_status() const;
   nlohmann::json traffic_status() const;  // bytes by operation type: staged by the ranks
+  // Logs a rank whose GPU is not the one the fabric endpoint table assumed for its slot.
+  void note_rank_gpu(int slot) const;
   nlohmann::json gpu_status() const;
   // Enqueues deferred GPU work whose inputs became ready; true if any ran.
   bool gpu_progress();
@@ -147,6 +152,7 @@ class Daemon {
   HostExecutor host_;
   Supervisor supervisor_;
   std::unique_ptr<internode::Engine> engine_;  // jobs across nodes only
+  std::vector<std::string> assumed_gpu_;  // by slot: the GPU the rail table assumed (InternodeSetup)
   std::unique_ptr<ControlServer> control_;
   std::unique_ptr<cuda::GpuExecutor> gpu_;  // the daemon's own GPU executor (SMDDP_GPU_EXEC=daemon)
   bool gpu_tried_ = false;

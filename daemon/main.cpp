@@ -12,6 +12,7 @@
 #include <thread>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <set>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -20,6 +21,8 @@
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
 #ifdef SMDDP_HAVE_FABRIC
+#include "daemon/internode/node_card.hpp"
+#include "daemon/internode/rail_map.hpp"
 #include "daemon/transport/transport.hpp"
 #endif
 #include "daemon/version.hpp"
@@ -113,12 +116,12 @@ daemon::JobLayout bootstrap(int simulate_nodes) {
 }
 
 #ifdef SMDDP_HAVE_FABRIC
-// Opens this node's fabric endpoint and agrees, over MPI, on every node's endpoint name, daemon
-// pid and host: what the inter-node engine needs. Collective over MPI_COMM_WORLD.
+// Opens this node's fabric endpoints. Collective over nothing: the callers agree on failures.
 std::unique_ptr<daemon::transport::Transport> open_transport(const daemon::DaemonConfig& c, std::string& error) {
   daemon::transport::TransportConfig tc;
   tc.provider = c.fabric_provider;
   tc.interface = c.fabric_interface;
+  tc.endpoints = c.fabric_endpoints;
   tc.max_inflight = c.fabric_max_inflight;
   tc.max_message = c.fabric_max_message;
   // A message may wait for its peer's ranks as long as a collective may.
@@ -126,77 +129,119 @@ std::unique_ptr<daemon::transport::Transport> open_transport(const daemon::Daemo
   try {
     return daemon::transport::make_fabric_transport(tc);
   } catch (const std::exception& e) {
-    error = "fabric provider '" + tc.provider + "': " + e.what();
+    error = "fabric provider '" + tc.provider + "' with " + std::to_string(tc.endpoints) + " endpoint(s): " + e.what();
   }
   return nullptr;
 }
 
+// This node's card (endpoint names and which endpoint serves each local slot), logged: the
+// endpoints, their devices and the slot table are among the first lines of the log.
+daemon::internode::NodeCard describe_endpoints(const daemon::transport::Transport& t, int nproc,
+                                               std::vector<std::string>& gpu_of_slot) {
+  namespace in = daemon::internode;
+  const std::filesystem::path sysfs = "/sys";
+  const auto infos = t.endpoint_info();
+  std::vector<std::string> pci;
+  for (const auto& e : infos) pci.push_back(!e.pci.empty() ? e.pci : in::pci_of_verbs_device(sysfs, e.device));
+  std::string gpu_note;
+  const auto gpus = in::list_gpus(sysfs, std::getenv("CUDA_VISIBLE_DEVICES"), gpu_note);
+  const auto plan = in::plan_rails(nproc, pci, gpus, sysfs);
+  spdlog::info("fabric: {} endpoint(s), provider '{}'", infos.size(), infos.empty() ? "?" : infos.front().provider);
+  for (std::size_t i = 0; i < infos.size(); ++i)
+    spdlog::info("fabric endpoint {}: device '{}'{}, address {}", i, infos[i].device,
+                 pci[i].empty() ? std::string() : " (pci " + pci[i] + ")", infos[i].address);
+  std::string table;
+  for (int s = 0; s < nproc; ++s) {
+    const auto& gpu = plan.gpu_of_slot[static_cast<std::size_t>(s)];
+    table += (s ? ", " : "") + std::to_string(s) + (gpu.empty() ? "" : " (GPU " + gpu + ")") + " -> " +
+             std::to_string(plan.rail_of_slot[static_cast<std::size_t>(s)]);
+  }
+  spdlog::info("fabric endpoint of each local slot: {}; chosen by {}", table, plan.how);
+  if (!gpu_note.empty()) spdlog::info("fabric: {}", gpu_note);
+  gpu_of_slot = plan.gpu_of_slot;
+  return {t.local_addresses(), plan.rail_of_slot};
+}
+
+// Decodes node `n`'s card and checks it against the job, or throws naming the node.
+daemon::internode::NodeCard read_card(const std::vector<std::uint8_t>& bytes, int n, int nproc, const std::string& from) {
+  try {
+    auto card = daemon::internode::decode_node_card(bytes);
+    daemon::internode::check_node_card(card, n, nproc);
+    return card;
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error("node " + std::to_string(n) + "'s fabric endpoints (" + from + "): " + e.what());
+  }
+}
+
+// Opens this node's fabric endpoints and agrees, over MPI, on every node's card, daemon pid and
+// host: what the inter-node engine needs. Collective over MPI_COMM_WORLD.
 daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const daemon::DaemonConfig& c) {
   daemon::InternodeSetup s;
   std::string error;
+  std::vector<std::uint8_t> card;
   s.transport = open_transport(c, error);
+  if (s.transport) {
+    try {
+      card = daemon::internode::encode_node_card(describe_endpoints(*s.transport, l.nproc_per_node, s.gpu_of_slot));
+    } catch (const std::exception& e) {
+      error = std::string("describing this node's fabric endpoints: ") + e.what();
+    }
+  }
   // Every daemon must learn that one failed, or the others would wait in the allgather.
   int ok = error.empty(), all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok) throw std::runtime_error(error);
-  if (!all_ok) throw std::runtime_error("another node could not open its fabric endpoint (see its log)");
-  constexpr int kAddr = 1024;
-  const auto addr = s.transport->local_address();
-  if (addr.size() > kAddr - 8) throw std::runtime_error("fabric address too long");
-  std::vector<char> mine(kAddr + 256, 0), all;
-  const std::uint64_t len = addr.size();
-  std::memcpy(mine.data(), &len, 8);
-  std::memcpy(mine.data() + 8, addr.data(), addr.size());
-  const int pid = ::getpid();
-  std::memcpy(mine.data() + kAddr - 4, &pid, 4);
-  std::strncpy(mine.data() + kAddr, l.hostname.c_str(), 255);
-  all.resize(mine.size() * static_cast<std::size_t>(l.num_nodes));
-  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(), static_cast<int>(mine.size()), MPI_CHAR,
-                MPI_COMM_WORLD);
+  if (!all_ok) throw std::runtime_error("another node could not open its fabric endpoints (see its log)");
+  // A fixed record (pid, host, the card's length), then the cards, whose lengths differ.
+  struct Record {
+    std::int32_t pid = 0;
+    std::int32_t card_bytes = 0;
+    char host[256] = {};
+  };
+  Record mine;
+  mine.pid = ::getpid();
+  mine.card_bytes = static_cast<std::int32_t>(card.size());
+  std::strncpy(mine.host, l.hostname.c_str(), sizeof mine.host - 1);
+  std::vector<Record> records(static_cast<std::size_t>(l.num_nodes));
+  MPI_Allgather(&mine, sizeof(Record), MPI_BYTE, records.data(), sizeof(Record), MPI_BYTE, MPI_COMM_WORLD);
+  std::vector<int> counts, displacements;
+  int total = 0;
+  for (const auto& r : records) {
+    if (r.card_bytes < 0 || r.card_bytes > (1 << 20))
+      throw std::runtime_error("a node announced a fabric endpoint card of " + std::to_string(r.card_bytes) + " bytes");
+    counts.push_back(r.card_bytes);
+    displacements.push_back(total);
+    total += r.card_bytes;
+  }
+  std::vector<std::uint8_t> cards(static_cast<std::size_t>(total));
+  MPI_Allgatherv(card.data(), mine.card_bytes, MPI_BYTE, cards.data(), counts.data(), displacements.data(), MPI_BYTE,
+                 MPI_COMM_WORLD);
   s.topology.node_id = l.node_id;
   s.topology.num_nodes = l.num_nodes;
   s.topology.nproc_per_node = l.nproc_per_node;
   for (int n = 0; n < l.num_nodes; ++n) {
-    const char* rec = all.data() + static_cast<std::size_t>(n) * mine.size();
-    std::uint64_t n_len = 0;
-    std::memcpy(&n_len, rec, 8);
-    s.addresses.emplace_back(reinterpret_cast<const std::uint8_t*>(rec + 8), reinterpret_cast<const std::uint8_t*>(rec + 8 + n_len));
-    daemon::internode::PeerInfo info;
-    std::memcpy(&info.pid, rec + kAddr - 4, 4);
-    info.hostname = std::string(rec + kAddr, ::strnlen(rec + kAddr, 255));
-    s.topology.nodes.push_back(info);
+    const auto at = cards.begin() + displacements[static_cast<std::size_t>(n)];
+    s.cards.push_back(read_card({at, at + counts[static_cast<std::size_t>(n)]}, n, l.nproc_per_node, "MPI bootstrap"));
+    const Record& r = records[static_cast<std::size_t>(n)];
+    s.topology.nodes.push_back({r.pid, std::string(r.host, ::strnlen(r.host, sizeof r.host))});
   }
   return s;
 }
 
-std::string to_hex(const std::vector<std::uint8_t>& b) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (auto x : b) {
-    s += d[x >> 4];
-    s += d[x & 15];
-  }
-  return s;
-}
-
-std::vector<std::uint8_t> from_hex(const std::string& s) {
-  std::vector<std::uint8_t> b;
-  for (std::size_t i = 0; i + 1 < s.size(); i += 2) b.push_back(static_cast<std::uint8_t>(std::stoi(s.substr(i, 2), nullptr, 16)));
-  return b;
-}
-
-// Launch path 2 across nodes: no MPI. The daemon writes "ADDRESS PID HOST" to DIR/address;
-// local rank 0 (smdistributed's _launch.py) publishes it in the c10d Store, gathers every
-// node's line and writes them, one per node in node order, to DIR/peers, which we wait for.
+// Launch path 2 across nodes: no MPI. The daemon writes "CARD PID HOST" to DIR/address (CARD:
+// its node card in hex, daemon/internode/node_card.hpp); local rank 0 (smdistributed's
+// _launch.py) publishes the line in the c10d Store, gathers every node's and writes them, one
+// per node in node order, to DIR/peers, which we wait for.
 daemon::InternodeSetup file_bootstrap(const daemon::JobLayout& l, const daemon::DaemonConfig& c,
                                       const std::filesystem::path& dir, std::chrono::seconds timeout) {
   daemon::InternodeSetup s;
   std::string error;
   s.transport = open_transport(c, error);
   if (!s.transport) throw std::runtime_error(error);
+  const auto card = daemon::internode::encode_node_card(describe_endpoints(*s.transport, l.nproc_per_node, s.gpu_of_slot));
   {
     std::ofstream f(dir / "address.tmp");
-    f << to_hex(s.transport->local_address()) << " " << ::getpid() << " " << l.hostname << "\n";
+    f << daemon::internode::to_hex(card) << " " << ::getpid() << " " << l.hostname << "\n";
     if (!f) throw std::runtime_error("cannot write " + (dir / "address.tmp").string());
   }
   std::filesystem::rename(dir / "address.tmp", dir / "address");
@@ -207,17 +252,26 @@ daemon::InternodeSetup file_bootstrap(const daemon::JobLayout& l, const daemon::
                                std::to_string(timeout.count()) + " s: the other nodes' ranks never came");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  std::ifstream f(dir / "peers");
+  const std::string peers = (dir / "peers").string();
+  std::ifstream f(peers);
   s.topology.node_id = l.node_id;
   s.topology.num_nodes = l.num_nodes;
   s.topology.nproc_per_node = l.nproc_per_node;
   for (int n = 0; n < l.num_nodes; ++n) {
-    std::string hex;
+    std::string line, hex;
     daemon::internode::PeerInfo info;
-    if (!(f >> hex >> info.pid >> info.hostname))
-      throw std::runtime_error("peer list " + (dir / "peers").string() + " has fewer than " +
-                               std::to_string(l.num_nodes) + " well-formed lines");
-    s.addresses.push_back(from_hex(hex));
+    std::getline(f, line);
+    std::istringstream fields(line);
+    if (!f || !(fields >> hex >> info.pid >> info.hostname))
+      throw std::runtime_error("peer list " + peers + " has fewer than " + std::to_string(l.num_nodes) +
+                               " well-formed lines (\"CARD PID HOST\"): line " + std::to_string(n + 1) + " is '" + line + "'");
+    std::vector<std::uint8_t> bytes;
+    try {
+      bytes = daemon::internode::from_hex(hex);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error("peer list " + peers + ", node " + std::to_string(n) + ": " + e.what());
+    }
+    s.cards.push_back(read_card(bytes, n, l.nproc_per_node, "peer list " + peers));
     s.topology.nodes.push_back(info);
   }
   std::error_code ec;

@@ -177,6 +177,31 @@ HealthVerdict evaluate_health(const json& status) {
   return {Health::kHealthy, summary};
 }
 
+namespace {
+// The fabric endpoints of a daemon across nodes: count, provider, each one's device and bytes.
+void format_fabric(std::ostringstream& out, const json& internode) {
+  const json* fabric = field(internode, "fabric");
+  if (fabric == nullptr || !fabric->is_object()) return;
+  out << "  fabric:        " << text(*fabric, "endpoint_count") << " endpoint(s), provider " << text(*fabric, "provider");
+  const json& slots = array(*fabric, "endpoint_of_slot");
+  if (!slots.empty()) {
+    out << "; endpoint of each local slot:";
+    for (const json& e : slots) out << " " << (e.is_number() ? e.dump() : "?");
+  }
+  out << "\n";
+  std::vector<std::vector<std::string>> rows{{"ENDPOINT", "DEVICE", "PCI", "SENT", "RECEIVED"}};
+  for (const json& e : array(*fabric, "endpoints")) {
+    auto bytes = [&](std::string_view key) {
+      auto b = number(e, key);
+      return b ? format_bytes(*b) : std::string("-");
+    };
+    const std::string pci = text(e, "pci", "");
+    rows.push_back({text(e, "index"), text(e, "device"), pci.empty() ? "-" : pci, bytes("bytes_sent"), bytes("bytes_received")});
+  }
+  if (rows.size() > 1) out << format_table(rows, "    ");
+}
+}  // namespace
+
 std::string format_status_text(const json& status) {
   std::ostringstream out;
   if (!status.is_object()) {
@@ -230,6 +255,7 @@ std::string format_status_text(const json& status) {
     else
       out << "-";
     out << " kept for reuse\n";
+    format_fabric(out, *inter);
   }
   if (const json* dr = field(status, "direct_reads"); dr && dr->is_object() && number(*dr, "chunks").value_or(0) > 0)
     out << "  direct reads:  " << text(*dr, "chunks") << " host chunks copied by the ranks from the members' arenas, "
@@ -371,6 +397,30 @@ std::string format_prometheus(const std::vector<NodeStatus>& nodes) {
   scalar("smddp_internode_staging_bytes_kept", "gauge",
          "Bytes of staging buffers for operations across nodes kept for reuse.",
          nested("internode", "staging_bytes_kept"));
+  scalar("smddp_fabric_endpoints", "gauge", "Fabric endpoints the daemon opened for traffic across nodes.",
+         [](const json& s) -> std::optional<double> {
+           const json* inter = field(s, "internode");
+           const json* fabric = inter && inter->is_object() ? field(*inter, "fabric") : nullptr;
+           return fabric && fabric->is_object() ? number(*fabric, "endpoint_count") : std::nullopt;
+         });
+  auto per_endpoint = [&](std::string_view name, std::string_view help, std::string_view key) {
+    family(name, "counter", help, [&](const NodeStatus& n, const json& s) {
+      const json* inter = field(s, "internode");
+      const json* fabric = inter && inter->is_object() ? field(*inter, "fabric") : nullptr;
+      if (fabric == nullptr || !fabric->is_object()) return;
+      for (const json& e : array(*fabric, "endpoints")) {
+        auto v = number(e, key);
+        if (!v) continue;
+        out << name
+            << labels(n, "endpoint=\"" + prometheus_escape(text(e, "index")) + "\",device=\"" +
+                             prometheus_escape(text(e, "device", "")) + "\"")
+            << " " << prometheus_value(*v) << "\n";
+      }
+    });
+  };
+  per_endpoint("smddp_fabric_endpoint_bytes_sent_total", "Message bytes sent through each fabric endpoint.", "bytes_sent");
+  per_endpoint("smddp_fabric_endpoint_bytes_received_total", "Message bytes received through each fabric endpoint.",
+               "bytes_received");
   scalar("smddp_ranks", "gauge", "Local ranks the daemon knows.", [](const json& s) -> std::optional<double> {
     if (field(s, "ranks") != nullptr) return static_cast<double>(array(s, "ranks").size());
     return number(s, "local_world_size");

@@ -17,6 +17,8 @@ namespace smddp::daemon::internode {
 using ipc::OpType;
 using ipc::Status;
 
+static_assert(kMaxCardEndpoints == transport::Transport::kMaxEndpoints);
+
 namespace {
 
 // Tags below this are the engine's own (heartbeats); operation tags are hashes above it.
@@ -104,7 +106,8 @@ void Engine::Ctx::send(int node_index, std::uint64_t sub, const void* buf, std::
   ++op_.outstanding;
   op_.bytes += bytes;
   auto keep = op_.shared_from_this();
-  e_.transport_->send(peer.transport_index, tag(e_.topo_.node_id, node, sub), buf, bytes, region_for(buf, bytes),
+  e_.transport_->send(peer.transport_index, op_.rails[static_cast<std::size_t>(node_index)],
+                      tag(e_.topo_.node_id, node, sub), buf, bytes, region_for(buf, bytes),
                       [keep](transport::Status st) {
                         --keep->outstanding;
                         if (!st.ok && keep->error.empty()) {
@@ -119,7 +122,8 @@ void Engine::Ctx::recv(int node_index, std::uint64_t sub, void* buf, std::size_t
   auto& peer = e_.peers_[static_cast<std::size_t>(node)];
   ++op_.outstanding;
   auto keep = op_.shared_from_this();
-  e_.transport_->recv(peer.transport_index, tag(node, e_.topo_.node_id, sub), buf, bytes, region_for(buf, bytes),
+  e_.transport_->recv(peer.transport_index, op_.rails[static_cast<std::size_t>(node_index)],
+                      tag(node, e_.topo_.node_id, sub), buf, bytes, region_for(buf, bytes),
                       [keep](transport::Status st) {
                         --keep->outstanding;
                         if (!st.ok && keep->error.empty()) {
@@ -181,9 +185,8 @@ void Engine::Ctx::copy(std::byte* dst, const std::byte* src, std::uint64_t bytes
 
 // ---- Engine
 
-Engine::Engine(Topology topo, std::unique_ptr<transport::Transport> transport,
-               const std::vector<std::vector<std::uint8_t>>& addresses, const ipc::Segment& segment, WorkerPool& pool,
-               Options options)
+Engine::Engine(Topology topo, std::unique_ptr<transport::Transport> transport, const std::vector<NodeCard>& cards,
+               const ipc::Segment& segment, WorkerPool& pool, Options options)
     : topo_(std::move(topo)),
       transport_(std::move(transport)),
       segment_(segment),
@@ -191,12 +194,23 @@ Engine::Engine(Topology topo, std::unique_ptr<transport::Transport> transport,
       staging_(arena_bytes(segment, topo_.nproc_per_node), staging_registrar(transport_.get())),
       options_(options),
       peers_(static_cast<std::size_t>(topo_.num_nodes)) {
+  if (cards.size() != static_cast<std::size_t>(topo_.num_nodes))
+    throw std::invalid_argument("the bootstrap gave " + std::to_string(cards.size()) + " node cards for " +
+                                std::to_string(topo_.num_nodes) + " nodes");
+  for (int n = 0; n < topo_.num_nodes; ++n) check_node_card(cards[static_cast<std::size_t>(n)], n, topo_.nproc_per_node);
+  const auto& mine = cards[static_cast<std::size_t>(topo_.node_id)];
+  if (mine.addresses.size() != static_cast<std::size_t>(transport_->endpoints()))
+    throw std::invalid_argument("this node's card names " + std::to_string(mine.addresses.size()) +
+                                " endpoints, its transport has " + std::to_string(transport_->endpoints()));
+  my_rails_ = {transport_->endpoints(), mine.rail_of_slot};
   const auto now = Clock::now();
   for (int n = 0; n < topo_.num_nodes; ++n) {
     auto& p = peers_[static_cast<std::size_t>(n)];
     p.last_heard = now;
     if (n == topo_.node_id) continue;
-    p.transport_index = transport_->add_peer(addresses[static_cast<std::size_t>(n)]);
+    const auto& card = cards[static_cast<std::size_t>(n)];
+    p.rails = {static_cast<int>(card.addresses.size()), card.rail_of_slot};
+    p.transport_index = transport_->add_peer(card.addresses);
   }
   for (int n = 0; n < topo_.num_nodes; ++n)
     if (n != topo_.node_id) {
@@ -244,7 +258,7 @@ class ControlMessage {
 void Engine::post_beat_recv(int node) {
   auto beat = std::make_shared<ControlMessage<Beat>>(staging_);
   auto& peer = peers_[static_cast<std::size_t>(node)];
-  transport_->recv(peer.transport_index, kBeatTag, beat->get(), sizeof(Beat), beat->region(),
+  transport_->recv(peer.transport_index, kControlRail, kBeatTag, beat->get(), sizeof(Beat), beat->region(),
                    [this, beat, node](transport::Status st) {
                      Beat& m = *beat->get();
                      auto& p = peers_[static_cast<std::size_t>(node)];
@@ -272,7 +286,7 @@ void Engine::post_beat_recv(int node) {
 void Engine::post_notice_recv(int node) {
   auto notice = std::make_shared<ControlMessage<FailureNotice>>(staging_);
   auto& peer = peers_[static_cast<std::size_t>(node)];
-  transport_->recv(peer.transport_index, kFailureTag, notice->get(), sizeof(FailureNotice), notice->region(),
+  transport_->recv(peer.transport_index, kControlRail, kFailureTag, notice->get(), sizeof(FailureNotice), notice->region(),
                    [this, notice, node](transport::Status st) {
                      FailureNotice& m = *notice->get();
                      const auto& p = peers_[static_cast<std::size_t>(node)];
@@ -359,7 +373,7 @@ bool Engine::send_notice(int node, const OpFailure& f) {
   m.comm = f.comm;
   m.seq = f.seq;
   std::strncpy(m.error, f.error.c_str(), sizeof m.error - 1);
-  transport_->send(peer.transport_index, kFailureTag, notice->get(), sizeof(FailureNotice), notice->region(),
+  transport_->send(peer.transport_index, kControlRail, kFailureTag, notice->get(), sizeof(FailureNotice), notice->region(),
                    [notice](transport::Status) {});
   return true;
 }
@@ -389,7 +403,7 @@ void Engine::send_beat(int node, Clock::time_point now) {
   ++peer.beats_in_flight;
   peer.last_sent = now;
   if (my_state_ != PeerState::Alive) peer.goodbye_sent = true;
-  transport_->send(peer.transport_index, kBeatTag, beat->get(), sizeof(Beat), beat->region(),
+  transport_->send(peer.transport_index, kControlRail, kBeatTag, beat->get(), sizeof(Beat), beat->region(),
                    [this, beat, node](transport::Status) { --peers_[static_cast<std::size_t>(node)].beats_in_flight; });
 }
 
@@ -452,6 +466,7 @@ void Engine::start(Match m, Clock::time_point now) {
   op->me = static_cast<int>(std::lower_bound(op->nodes.begin(), op->nodes.end(), topo_.node_id) - op->nodes.begin());
   const auto& d = op->match.posted.front().desc;
   op->key = mix(mix(mix(0x736d646470ull, d.comm_id), d.seq), d.chunk_offset);
+  choose_rails(*op, op->comm->global_ranks);
   op->started = now;
   op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
   op->heard.assign(op->nodes.size(), 0);
@@ -507,6 +522,7 @@ void Engine::start_p2p(const Communicator& comm, const Posted& p, Clock::time_po
   op->descs[static_cast<std::size_t>(p.group_rank)] = d;
   op->key = mix(mix(mix(mix(mix(0x703270ull, d.comm_id), static_cast<std::uint64_t>(src)),
                         static_cast<std::uint64_t>(dst)), d.seq), d.chunk_offset);
+  choose_rails(*op, {comm.global_ranks[static_cast<std::size_t>(src)], comm.global_ranks[static_cast<std::size_t>(dst)]});
   op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
   ops_.push_back(op);
   if (!admit(*op, {d.comm_id, d.seq, src, dst})) return;
@@ -535,11 +551,31 @@ void Engine::start_p2p(const Communicator& comm, const Posted& p, Clock::time_po
   }
 }
 
+void Engine::choose_rails(Op& op, const std::vector<int>& members) const {
+  // Each node's member count in the operation, and its member when it has one.
+  std::vector<int> count(op.nodes.size(), 0), single(op.nodes.size(), -1);
+  for (int g : members) {
+    const auto j = static_cast<std::size_t>(std::lower_bound(op.nodes.begin(), op.nodes.end(), topo_.node_of(g)) - op.nodes.begin());
+    ++count[j];
+    single[j] = g;
+  }
+  const auto me = static_cast<std::size_t>(op.me);
+  op.rails.assign(op.nodes.size(), kControlRail);
+  for (std::size_t j = 0; j < op.nodes.size(); ++j) {
+    if (j == me) continue;
+    const RailTable& theirs = peers_[static_cast<std::size_t>(op.nodes[j])].rails;
+    op.rails[j] = count[me] == 1 && count[j] == 1
+                      ? pinned_rail(my_rails_, topo_.slot_of(single[me]), theirs, topo_.slot_of(single[j]))
+                      : striped_rail(op.key, my_rails_.endpoints, theirs.endpoints);
+  }
+}
+
 void Engine::post_descriptor_recv(const std::shared_ptr<Op>& op, int j, std::byte* buf, std::size_t bytes) {
   Ctx c(*this, *op);
   ++op->outstanding;
   const int node = op->nodes[static_cast<std::size_t>(j)];
-  transport_->recv(peers_[static_cast<std::size_t>(node)].transport_index, c.tag(node, topo_.node_id, 0), buf, bytes,
+  transport_->recv(peers_[static_cast<std::size_t>(node)].transport_index, op->rails[static_cast<std::size_t>(j)],
+                   c.tag(node, topo_.node_id, 0), buf, bytes,
                    c.region_for(buf, bytes), [keep = op, j](transport::Status st) {
                      --keep->outstanding;
                      if (st.ok) {

@@ -15,6 +15,10 @@
 // that failed on one node before that node started any part of it (a refused request, a local
 // timeout) fails on the other nodes at once, with the same text, instead of at their timeout.
 //
+// Messages between two nodes take a pair of their fabric endpoints chosen alike on both sides
+// (rail_choice.hpp): an operation with one member on each node over those members' endpoints,
+// others striped over the endpoints by operation chunk; heartbeats and notices over endpoint 0.
+//
 // Threading: single-threaded, driven by the daemon's progress loop (like the Transport).
 #pragma once
 
@@ -30,6 +34,8 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/internode/node_card.hpp"
+#include "daemon/internode/rail_choice.hpp"
 #include "daemon/internode/staging_pool.hpp"
 #include "daemon/matcher.hpp"
 #include "daemon/transport/transport.hpp"
@@ -50,6 +56,7 @@ struct Topology {
   std::vector<PeerInfo> nodes;  // indexed by node id (this node included)
   // Global rank g lives on node g / nproc_per_node: every node runs the same number of ranks.
   int node_of(int global) const noexcept { return global / nproc_per_node; }
+  int slot_of(int global) const noexcept { return global % nproc_per_node; }
 };
 
 // An operation that ended: its local requests and how it ended.
@@ -74,11 +81,11 @@ class Engine {
     std::chrono::milliseconds default_timeout{1800000};
   };
 
-  // `transport` has not met its peers yet; `addresses` are every node's endpoint names
-  // (indexed by node id), agreed through the bootstrap.
-  Engine(Topology topo, std::unique_ptr<transport::Transport> transport,
-         const std::vector<std::vector<std::uint8_t>>& addresses, const ipc::Segment& segment, WorkerPool& pool,
-         Options options);
+  // `transport` has not met its peers yet; `cards` are every node's endpoint names and slot
+  // tables (indexed by node id, this node's too), agreed through the bootstrap. Throws
+  // std::invalid_argument when they do not fit the topology or this node's transport.
+  Engine(Topology topo, std::unique_ptr<transport::Transport> transport, const std::vector<NodeCard>& cards,
+         const ipc::Segment& segment, WorkerPool& pool, Options options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -135,6 +142,10 @@ class Engine {
   void finish(std::chrono::milliseconds max_wait);
 
   std::string describe() const { return transport_->describe(); }
+  // Each endpoint's device and byte counts, for the operator.
+  std::vector<transport::EndpointInfo> endpoint_info() const { return transport_->endpoint_info(); }
+  // This node's endpoints and which serves each local slot.
+  const RailTable& rails() const noexcept { return my_rails_; }
 
   // For algorithms (daemon/internode/*.cpp).
   struct Ctx;
@@ -143,6 +154,7 @@ class Engine {
   enum class PeerState : std::uint32_t { Alive = 0, Done = 1, Failed = 2, Dead = 3 };
   struct Peer {
     int transport_index = -1;
+    RailTable rails;  // the node's endpoints, from its card
     PeerState state = PeerState::Alive;
     Clock::time_point last_heard;
     Clock::time_point last_sent{};
@@ -163,6 +175,9 @@ class Engine {
   void check_peers(Clock::time_point now);
   void peer_lost(int node, const std::string& why, int exit_code);
   bool advance(Op& op, Clock::time_point now);  // true when the op has ended
+  // Fills op.rails, the rail to each node of the op (rail_choice.hpp), from its members'
+  // global ranks (a collective's communicator; a send/recv's pair). Needs op.nodes, me, key.
+  void choose_rails(Op& op, const std::vector<int>& members) const;
   // Receives node index j's descriptors into `buf`; the op has heard j once they are in.
   void post_descriptor_recv(const std::shared_ptr<Op>& op, int j, std::byte* buf, std::size_t bytes);
   // Compares every member's descriptor once all arrived; false (and the op failed with the
@@ -191,6 +206,7 @@ class Engine {
   // the provider wants registered buffers. Declared after transport_, which it registers with.
   StagingPool staging_;
   Options options_;
+  RailTable my_rails_;
   std::vector<Peer> peers_;  // indexed by node id
   std::deque<std::shared_ptr<Op>> ops_;
   std::optional<PeerFailure> peer_failure_;

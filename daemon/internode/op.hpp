@@ -20,6 +20,7 @@ struct Op : std::enable_shared_from_this<Op> {
   std::vector<ipc::RequestDesc> descs;   // group rank -> every member's request (after phase 0)
   std::vector<int> nodes;                // nodes holding members, ascending
   int me = 0;                            // this node's index in `nodes`
+  std::vector<transport::Rail> rails;    // node index -> the endpoints its messages take
   int phase = 0;                         // 0: descriptor exchange; then the algorithm's steps
   int outstanding = 0;                   // messages whose callback has not run
   ipc::Status status = ipc::Status::Ok;

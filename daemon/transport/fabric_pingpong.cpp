@@ -1,10 +1,13 @@
 // fabric_pingpong: latency and bandwidth of the Transport between two processes on this
 // machine. The process forks; the child echoes, the parent measures and prints a table.
-//   fabric_pingpong [--provider tcp;ofi_rxm|shm|...] [--interface lo] [--max-bytes N]
-//                   [--max-message N] [--iters N] [--window N]
-// Latency: half a round trip of one message each way. Bandwidth: `window` messages in flight
-// one way, then a 0-byte acknowledgement; both ways: `window` messages in flight each way at
-// once (as an allreduce across nodes moves its bytes), per direction. GB/s = 1e9 bytes per second.
+//   fabric_pingpong [--provider tcp;ofi_rxm|shm|...] [--interface lo] [--endpoints N]
+//                   [--min-bytes N] [--max-bytes N] [--factor F] [--max-message N] [--iters N]
+//                   [--window N]
+// Sizes: 0, then min-bytes (8 if 0) times factor (8) up to max-bytes, and max-bytes.
+// Latency: half a round trip of one message each way (endpoint 0). Bandwidth: `window` messages
+// in flight one way, then a 0-byte acknowledgement; both ways: `window` messages in flight each
+// way at once (as an allreduce across nodes moves its bytes), per direction. With N endpoints
+// per side, window message k takes endpoint k mod N on both sides. GB/s = 1e9 bytes per second.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +27,7 @@
 namespace {
 
 using smddp::daemon::transport::MemoryRegion;
+using smddp::daemon::transport::Rail;
 using smddp::daemon::transport::Status;
 using smddp::daemon::transport::Transport;
 using smddp::daemon::transport::TransportConfig;
@@ -31,7 +35,9 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   TransportConfig config;
+  std::size_t min_bytes = 0;
   std::size_t max_bytes = std::size_t{64} << 20;
+  std::size_t factor = 8;
   int iters = 1000;
   int window = 16;
 };
@@ -58,10 +64,11 @@ class Waiter {
   std::string error_;
 };
 
-std::vector<std::size_t> sizes(std::size_t max_bytes) {
-  std::vector<std::size_t> out{0};
-  for (std::size_t b = 8; b <= max_bytes; b *= 8) out.push_back(b);
-  if (out.back() != max_bytes) out.push_back(max_bytes);
+std::vector<std::size_t> sizes(const Options& o) {
+  std::vector<std::size_t> out;
+  if (o.min_bytes == 0) out.push_back(0);
+  for (std::size_t b = std::max<std::size_t>(o.min_bytes, 8); b <= o.max_bytes; b *= o.factor) out.push_back(b);
+  if (out.empty() || out.back() != o.max_bytes) out.push_back(o.max_bytes);
   return out;
 }
 // Fewer repetitions for large messages: about 256 MiB of traffic per size, at least 5.
@@ -70,17 +77,40 @@ int reps_for(std::size_t bytes, int iters) {
   return static_cast<int>(std::max<std::size_t>(5, std::min<std::size_t>(iters, (std::size_t{256} << 20) / bytes)));
 }
 
+// Every endpoint's name through the pipe: a count, then each length and name.
+void write_addresses(int fd, const std::vector<std::vector<std::uint8_t>>& addresses) {
+  std::uint32_t n = static_cast<std::uint32_t>(addresses.size());
+  bool ok = write(fd, &n, sizeof n) == sizeof n;
+  for (const auto& a : addresses) {
+    n = static_cast<std::uint32_t>(a.size());
+    ok = ok && write(fd, &n, sizeof n) == sizeof n && write(fd, a.data(), n) == static_cast<ssize_t>(n);
+  }
+  if (!ok) throw std::runtime_error("address write failed");
+}
+
+std::vector<std::vector<std::uint8_t>> read_addresses(int fd) {
+  std::uint32_t count = 0;
+  if (read(fd, &count, sizeof count) != sizeof count || count == 0 || count > Transport::kMaxEndpoints)
+    throw std::runtime_error("address read failed");
+  std::vector<std::vector<std::uint8_t>> out;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::uint32_t n = 0;
+    if (read(fd, &n, sizeof n) != sizeof n || n == 0 || n > 4096) throw std::runtime_error("address read failed");
+    std::vector<std::uint8_t> a(n);
+    if (read(fd, a.data(), n) != static_cast<ssize_t>(n)) throw std::runtime_error("address read failed");
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
 void run(bool client, const Options& o, int fd_out, int fd_in) {
   auto t = smddp::daemon::transport::make_fabric_transport(o.config);
-  auto address = t->local_address();
-  std::uint32_t n = static_cast<std::uint32_t>(address.size());
-  if (write(fd_out, &n, sizeof n) != sizeof n || write(fd_out, address.data(), n) != static_cast<ssize_t>(n))
-    throw std::runtime_error("address write failed");
-  if (read(fd_in, &n, sizeof n) != sizeof n || n > 4096) throw std::runtime_error("address read failed");
-  std::vector<std::uint8_t> other(n);
-  if (read(fd_in, other.data(), n) != static_cast<ssize_t>(n)) throw std::runtime_error("address read failed");
-  const int peer = t->add_peer(other);
-  if (client) std::printf("# %s\n", t->describe().c_str());
+  write_addresses(fd_out, t->local_addresses());
+  const int peer = t->add_peer(read_addresses(fd_in));
+  const int rails = std::min(t->endpoints(), t->peer_endpoints(peer));
+  auto rail = [&](int k) { return Rail{k % rails, k % rails}; };
+  const Rail first{0, 0};
+  if (client) std::printf("# %s\n# window messages over %d endpoint pair(s)\n", t->describe().c_str(), rails);
 
   // One slice per window message, up to 256 MiB; beyond that slices are reused (the bytes
   // are not checked, only timed).
@@ -88,7 +118,7 @@ void run(bool client, const Options& o, int fd_out, int fd_in) {
   std::vector<std::uint8_t> buf(std::max(2 * o.max_bytes, std::min(window_bytes, std::size_t{256} << 20)) + 1, 1);
   MemoryRegion region = t->register_memory(buf.data(), buf.size());
   if (client) std::printf("%12s %12s %10s %12s\n", "bytes", "latency_us", "GB/s", "both_GB/s");
-  for (std::size_t bytes : sizes(o.max_bytes)) {
+  for (std::size_t bytes : sizes(o)) {
     const int reps = reps_for(bytes, o.iters);
     const int warmup = std::max(1, reps / 10);
     // Ping-pong.
@@ -97,12 +127,12 @@ void run(bool client, const Options& o, int fd_out, int fd_in) {
       if (i == warmup) start = Clock::now();
       Waiter w(*t);
       if (client) {
-        t->recv(peer, 2, buf.data(), bytes, &region, w.callback());
-        t->send(peer, 1, buf.data(), bytes, &region, w.callback());
+        t->recv(peer, first, 2, buf.data(), bytes, &region, w.callback());
+        t->send(peer, first, 1, buf.data(), bytes, &region, w.callback());
       } else {
-        t->recv(peer, 1, buf.data(), bytes, &region, w.callback());
+        t->recv(peer, first, 1, buf.data(), bytes, &region, w.callback());
         w.wait();
-        t->send(peer, 2, buf.data(), bytes, &region, w.callback());
+        t->send(peer, first, 2, buf.data(), bytes, &region, w.callback());
       }
       w.wait();
     }
@@ -115,12 +145,12 @@ void run(bool client, const Options& o, int fd_out, int fd_in) {
       for (int k = 0; k < o.window; ++k) {
         const std::size_t slices = bytes == 0 ? 1 : (buf.size() - 1) / bytes;
         std::uint8_t* slice = buf.data() + (static_cast<std::size_t>(k) % slices) * bytes;
-        if (client) t->send(peer, 100 + k, slice, bytes, &region, w.callback());
-        else t->recv(peer, 100 + k, slice, bytes, &region, w.callback());
+        if (client) t->send(peer, rail(k), 100 + k, slice, bytes, &region, w.callback());
+        else t->recv(peer, rail(k), 100 + k, slice, bytes, &region, w.callback());
       }
       w.wait();
-      if (client) t->recv(peer, 3, nullptr, 0, nullptr, w.callback());
-      else t->send(peer, 3, nullptr, 0, nullptr, w.callback());
+      if (client) t->recv(peer, first, 3, nullptr, 0, nullptr, w.callback());
+      else t->send(peer, first, 3, nullptr, 0, nullptr, w.callback());
       w.wait();
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -133,8 +163,8 @@ void run(bool client, const Options& o, int fd_out, int fd_in) {
       Waiter w(*t);
       for (int k = 0; k < o.window; ++k) {
         const std::size_t at = (static_cast<std::size_t>(k) % slices) * bytes;
-        t->recv(peer, (client ? 300 : 200) + k, buf.data() + half + at, bytes, &region, w.callback());
-        t->send(peer, (client ? 200 : 300) + k, buf.data() + at, bytes, &region, w.callback());
+        t->recv(peer, rail(k), (client ? 300 : 200) + k, buf.data() + half + at, bytes, &region, w.callback());
+        t->send(peer, rail(k), (client ? 200 : 300) + k, buf.data() + at, bytes, &region, w.callback());
       }
       w.wait();
     }
@@ -158,13 +188,18 @@ Options parse(int argc, char** argv) {
     };
     if (a == "--provider") o.config.provider = value();
     else if (a == "--interface") o.config.interface = value();
+    else if (a == "--endpoints") o.config.endpoints = std::stoi(value());
     else if (a == "--max-bytes") o.max_bytes = std::stoull(value());
+    else if (a == "--min-bytes") o.min_bytes = std::stoull(value());
+    else if (a == "--factor") o.factor = std::stoull(value());
     else if (a == "--max-message") o.config.max_message = std::stoull(value());
     else if (a == "--iters") o.iters = std::stoi(value());
     else if (a == "--window") o.window = std::stoi(value());
     else if (a == "--inflight") o.config.max_inflight = std::stoull(value());
     else throw std::invalid_argument("unknown option " + a);
   }
+  if (o.factor < 2) throw std::invalid_argument("--factor must be 2 or more");
+  if (o.min_bytes > o.max_bytes) throw std::invalid_argument("--min-bytes exceeds --max-bytes");
   return o;
 }
 

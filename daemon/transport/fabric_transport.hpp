@@ -1,15 +1,22 @@
-// FabricTransport: the Transport over one libfabric reliable-datagram (FI_EP_RDM) endpoint.
+// FabricTransport: the Transport over libfabric reliable-datagram (FI_EP_RDM) endpoints, one
+// or more ("rails").
 //
-// Object chain as in aws-ofi-nccl: fabric → domain → {completion queue, address vector} →
-// endpoint; peers are address-vector entries. Every fid is owned by a FidPtr and closed in
-// reverse order of creation.
+// Object chain as in aws-ofi-nccl: fabric → domain per device, then per endpoint → {completion
+// queue, address vector} → endpoint; peers are address-vector entries. Every fid is owned by a
+// FidPtr and closed in reverse order of creation. On efa each endpoint has a device (domain) of
+// its own; tcp and shm open every endpoint on the one domain.
 //
 // Each message is cut into chunks of at most max_message bytes (one chunk for 0 bytes); chunk
 // i travels as its own tagged message with tag = user tag | (i mod 2^16) << 48, so both sides
-// split alike and no chunk can match another chunk's receive. Each chunk takes one slot while
-// posted; sends and receives have separate slot pools (max_inflight and max_posted_receives).
-// Operations beyond the pools, or refused by the provider with -FI_EAGAIN, wait in FIFO
-// queues that progress() drains, so order per (peer, tag) is kept.
+// split alike and no chunk can match another chunk's receive. Each chunk takes one slot of
+// its endpoint while posted; sends and receives have separate slot pools per endpoint
+// (max_inflight and max_posted_receives). Operations beyond the pools, or refused by the
+// provider with -FI_EAGAIN, wait in per-endpoint FIFO queues that progress() drains, so order
+// per (peer, rail, tag) is kept and a busy endpoint holds up no other.
+//
+// A peer's endpoint address is inserted into a local endpoint's address vector the first time
+// a message uses that pair (p5: 32 x 32 pairs per peer, of which a job uses few); add_peer
+// checks every address once by inserting it where the striped rails will use it.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -26,46 +33,10 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/transport/fabric_info.hpp"
 #include "daemon/transport/transport.hpp"
 
 namespace smddp::daemon::transport {
-
-// Owns one libfabric object (fid_fabric, fid_domain, fid_ep, fid_mr...) and fi_close()s it.
-template <typename T>
-class FidPtr {
- public:
-  FidPtr() = default;
-  explicit FidPtr(T* p) : p_(p) {}
-  FidPtr(const FidPtr&) = delete;
-  FidPtr& operator=(const FidPtr&) = delete;
-  FidPtr(FidPtr&& other) noexcept : p_(std::exchange(other.p_, nullptr)) {}
-  FidPtr& operator=(FidPtr&& other) noexcept {
-    if (this != &other) reset(std::exchange(other.p_, nullptr));
-    return *this;
-  }
-  ~FidPtr() { reset(); }
-
-  void reset(T* p = nullptr) {
-    if (p_ != nullptr) fi_close(&p_->fid);
-    p_ = p;
-  }
-  T* get() const { return p_; }
-  T* operator->() const { return p_; }
-  explicit operator bool() const { return p_ != nullptr; }
-  // For libfabric's out-parameters: fi_domain(fabric, info, fp.out(), nullptr).
-  T** out() {
-    reset();
-    return &p_;
-  }
-
- private:
-  T* p_ = nullptr;
-};
-
-struct FiInfoDeleter {
-  void operator()(fi_info* info) const { fi_freeinfo(info); }
-};
-using FiInfoPtr = std::unique_ptr<fi_info, FiInfoDeleter>;
 
 class FabricTransport final : public Transport {
  public:
@@ -74,21 +45,24 @@ class FabricTransport final : public Transport {
   FabricTransport(const FabricTransport&) = delete;
   FabricTransport& operator=(const FabricTransport&) = delete;
 
-  std::vector<std::uint8_t> local_address() const override { return address_; }
-  int add_peer(const std::vector<std::uint8_t>& address) override;
+  int endpoints() const override { return static_cast<int>(endpoints_.size()); }
+  std::vector<std::vector<std::uint8_t>> local_addresses() const override;
+  int add_peer(const std::vector<std::vector<std::uint8_t>>& addresses) override;
+  int peer_endpoints(int peer) const override;
   MemoryRegion register_memory(void* base, std::size_t bytes) override;
   bool needs_registration() const override;
-  void send(int peer, std::uint64_t tag, const void* buf, std::size_t bytes,
+  void send(int peer, Rail rail, std::uint64_t tag, const void* buf, std::size_t bytes,
             const MemoryRegion* region, Completion done) override;
-  void recv(int peer, std::uint64_t tag, void* buf, std::size_t bytes,
+  void recv(int peer, Rail rail, std::uint64_t tag, void* buf, std::size_t bytes,
             const MemoryRegion* region, Completion done) override;
   void fail_peer(int peer, const std::string& reason) override;
   std::size_t progress() override;
   std::size_t pending() const override { return messages_.size(); }
   std::string describe() const override;
+  std::vector<EndpointInfo> endpoint_info() const override;
 
-  // Printable name of a peer's address ("fi_sockaddr_in://127.0.0.1:4242").
-  std::string peer_name(int peer) const;
+  // Printable name of a peer's endpoint ("fi_sockaddr_in://127.0.0.1:4242").
+  std::string peer_name(int peer, int endpoint = 0) const;
   std::size_t max_message() const { return max_message_; }
 
  private:
@@ -103,6 +77,8 @@ class FabricTransport final : public Transport {
   struct Message {
     bool is_send = false;
     int peer = 0;
+    Rail rail;
+    fi_addr_t address = FI_ADDR_UNSPEC;  // the peer's endpoint in the local endpoint's vector
     std::uint64_t tag = 0;
     std::uint8_t* buf = nullptr;
     std::size_t bytes = 0;
@@ -124,12 +100,46 @@ class FabricTransport final : public Transport {
     std::vector<Slot*> free_slots;
     std::deque<Message*> queue;      // messages with chunks still to post
   };
+  // One fi_info the provider listed: its fabric and domain. Endpoints on it share them.
+  struct Device {
+    FiInfoPtr info;
+    FidPtr<fid_fabric> fabric;
+    FidPtr<fid_domain> domain;
+  };
+  struct Endpoint {
+    int device = 0;
+    // Declared in creation order; destroyed (fi_close) in reverse.
+    FidPtr<fid_cq> cq;
+    FidPtr<fid_av> av;
+    FidPtr<fid_ep> ep;
+    std::vector<std::uint8_t> address;
+    Direction sends, recvs;
+    std::uint64_t bytes_sent = 0, bytes_received = 0;
+  };
+  struct Peer {
+    std::vector<std::vector<std::uint8_t>> addresses;  // by the peer's endpoint
+    std::vector<std::string> names;
+    // addr[local * addresses.size() + remote]: FI_ADDR_NOTAVAIL until first used.
+    std::vector<fi_addr_t> addr;
+  };
 
-  void select_info(const TransportConfig& config);
-  void open_objects();
-  void submit(bool is_send, int peer, std::uint64_t tag, std::uint8_t* buf, std::size_t bytes,
+  void select_devices(const TransportConfig& config);
+  void open_endpoint(Endpoint& e);
+  const fi_info* info_of(const Endpoint& e) const { return devices_[static_cast<std::size_t>(e.device)].info.get(); }
+  const fi_info* info() const { return devices_.front().info.get(); }
+  // Why a peer's endpoint address would make fi_av_insert read past it; "" when it is sound.
+  std::string address_fault(const std::vector<std::uint8_t>& address) const;
+  // The peer endpoint's entry in the local endpoint's address vector, inserted on first use.
+  fi_addr_t resolve(int peer, Rail rail);
+  MemoryRegion register_on(void* base, std::size_t bytes, int only_endpoint);
+  void submit(bool is_send, int peer, Rail rail, std::uint64_t tag, std::uint8_t* buf, std::size_t bytes,
               const MemoryRegion* region, Completion done);
-  void post_queued(Direction& dir);
+  Direction& direction_of(const Message& m) {
+    Endpoint& e = *endpoints_[static_cast<std::size_t>(m.rail.local)];
+    return m.is_send ? e.sends : e.recvs;
+  }
+  void post_queued(Endpoint& e, Direction& dir);
+  std::size_t drain(Endpoint& e);
   void on_chunk_done(Slot* slot, const Status& status, std::size_t received_len);
   void fail(Message& message, const Status& status);
   void maybe_finish(Message& message);
@@ -138,17 +148,11 @@ class FabricTransport final : public Transport {
   std::string describe_op(const Message& message, std::size_t chunk) const;
   std::size_t chunk_bytes(const Message& message, std::size_t chunk) const;
 
-  FiInfoPtr info_;
-  // Declared in creation order; destroyed (fi_close) in reverse.
-  FidPtr<fid_fabric> fabric_;
-  FidPtr<fid_domain> domain_;
-  FidPtr<fid_cq> cq_;
-  FidPtr<fid_av> av_;
-  FidPtr<fid_ep> ep_;
+  // Declared before the endpoints: domains close after every endpoint on them.
+  std::vector<Device> devices_;
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
 
-  std::vector<std::uint8_t> address_;
-  std::vector<fi_addr_t> peers_;
-  std::vector<std::string> peer_names_;
+  std::vector<Peer> peers_;
   std::size_t max_message_ = 0;
   bool rma_offered_ = false;
   bool hmem_offered_ = false;
@@ -160,8 +164,6 @@ class FabricTransport final : public Transport {
   std::chrono::milliseconds op_timeout_{0};
   std::list<Message> messages_;   // pending, in posting order (so deadlines ascend)
   std::list<Message> abandoned_;  // reported failed, chunks still with the provider
-  Direction sends_;
-  Direction recvs_;
 };
 
 }  // namespace smddp::daemon::transport

@@ -61,6 +61,7 @@ void expect_builtin_defaults(const DaemonConfig& c) {
   EXPECT_EQ(c.log_level, d.log_level);
   EXPECT_EQ(c.fabric_provider, d.fabric_provider);
   EXPECT_EQ(c.fabric_interface, d.fabric_interface);
+  EXPECT_EQ(c.fabric_endpoints, d.fabric_endpoints);
   EXPECT_EQ(c.direct_read_min_bytes, d.direct_read_min_bytes);
 }
 
@@ -77,7 +78,17 @@ TEST(DaemonConfig, BuiltInDefaults) {
   EXPECT_EQ(c.log_level, "info");
   EXPECT_EQ(c.fabric_provider, "tcp;ofi_rxm");
   EXPECT_EQ(c.fabric_interface, "lo");
+  EXPECT_EQ(c.fabric_endpoints, 1);
   EXPECT_EQ(c.direct_read_min_bytes, std::optional<std::uint64_t>(8ull << 10));
+}
+
+// One endpoint per EFA device on AWS; 1..64, and a clear error otherwise.
+TEST(DaemonConfig, FabricEndpointsTakesACountOfOneToSixtyFour) {
+  EXPECT_EQ(DaemonConfig::load("", {"fabric.endpoints=4"}).fabric_endpoints, 4);
+  EXPECT_EQ(DaemonConfig::load("", {"fabric.endpoints=64"}).fabric_endpoints, 64);
+  expect_invalid("", {"fabric.endpoints=0"}, {"fabric.endpoints = 0 is out of range (1..64)"});
+  expect_invalid("", {"fabric.endpoints=65"}, {"fabric.endpoints", "out of range"});
+  expect_invalid("", {"fabric.endpoints=four"}, {"fabric.endpoints = 'four' is not a whole number"});
 }
 
 TEST(DaemonConfig, DirectReadBoundTakesKibOrOff) {
@@ -103,12 +114,14 @@ TEST(DaemonConfig, LocalIniParses) {
   EXPECT_EQ(c.exit_grace, 5s);
   EXPECT_EQ(c.arena_bytes, 32ull << 20);
   EXPECT_EQ(c.fabric_interface, "lo");
+  EXPECT_EQ(c.fabric_endpoints, 1);
 }
 
 TEST(DaemonConfig, EfaPresetsParse) {
-  for (const char* name : {"p4d.ini", "p5.ini"}) {
+  for (const auto& [name, devices] : {std::pair{"p4d.ini", 4}, std::pair{"p5.ini", 32}}) {
     const DaemonConfig c = DaemonConfig::load(std::string(SMDDP_SOURCE_DIR) + "/configs/" + name, {});
     EXPECT_EQ(c.fabric_provider, "efa") << name;
+    EXPECT_EQ(c.fabric_endpoints, devices) << name << ": one endpoint per EFA device";
     EXPECT_GE(c.fabric_max_inflight, 128u) << name;
     EXPECT_EQ(c.fabric_max_message, 8u << 20) << name;
   }

@@ -24,6 +24,7 @@
 #include "client/client.hpp"
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
+#include "daemon/internode/node_card.hpp"
 #include "daemon/transport/transport.hpp"
 #include "ipc/protocol.hpp"
 #include "tests/daemon/daemon_thread.hpp"
@@ -51,10 +52,13 @@ class TwoNodes {
     transport::TransportConfig tc;  // tcp;ofi_rxm on lo
     tc.op_timeout = 30s;
     std::vector<std::unique_ptr<transport::Transport>> ts;
-    std::vector<std::vector<std::uint8_t>> addresses;
+    std::vector<internode::NodeCard> cards;
     for (int n = 0; n < kNodes; ++n) {
       ts.push_back(transport::make_fabric_transport(tc));
-      addresses.push_back(ts.back()->local_address());
+      internode::NodeCard card;
+      card.addresses = ts.back()->local_addresses();
+      card.rail_of_slot.assign(kPerNode, 0);
+      cards.push_back(std::move(card));
     }
     for (int n = 0; n < kNodes; ++n) {
       JobLayout l;
@@ -65,7 +69,7 @@ class TwoNodes {
       l.hostname = "localhost";
       InternodeSetup s;
       s.transport = std::move(ts[static_cast<std::size_t>(n)]);
-      s.addresses = addresses;
+      s.cards = cards;
       s.topology.node_id = n;
       s.topology.num_nodes = kNodes;
       s.topology.nproc_per_node = kPerNode;

@@ -43,6 +43,24 @@ def test_every_collective_64_mib_across_nodes(job, k, provider):
     assert_all_ranks_passed(r.stdout, 2 * k)
 
 
+def test_every_collective_over_four_fabric_endpoints_per_node(job):
+    # fabric.endpoints=4 over tcp on loopback: collectives striped over the endpoints by chunk, the
+    # communicator {0, 2} (one member per node) over its members' slots' endpoints; 16 MiB
+    # operations in 16 chunks spread over all four.
+    r = job.run(2, "collective_check", "--subgroup", "--big-bytes", 16 << 20, "--dtypes", "float32,bfloat16",
+                extra=(*nodes(2), "--set", "fabric.endpoints=4"))
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 4)
+    assert r.stdout.count("fabric: 4 endpoint(s), provider 'tcp;ofi_rxm'") == 2, r.stdout[-4000:]
+    ends = re.findall(r"node (\d)\] info: fabric endpoint bytes: (.*)$", r.stdout, re.M)
+    assert sorted(n for n, _ in ends) == ["0", "1"], r.stdout[-4000:]
+    for node, text in ends:
+        sent = [int(x) for x in re.findall(r"(\d+) sent", text)]
+        received = [int(x) for x in re.findall(r"(\d+) received", text)]
+        assert len(sent) == 4 and all(b > (1 << 20) for b in sent), f"node {node}: {text}"
+        assert len(received) == 4 and all(b > (1 << 20) for b in received), f"node {node}: {text}"
+
+
 @pytest.mark.skipif(os.environ.get("SMDDP_LONG_TESTS") != "1",
                     reason="long run (all nine dtypes at 64 MiB, minutes per configuration): scripts/test.sh --long")
 @pytest.mark.parametrize("provider", PROVIDERS)

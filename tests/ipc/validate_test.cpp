@@ -145,7 +145,7 @@ TEST(Validate, RootOnlyBuffers) {
   EXPECT_EQ(validate_request(r, ctx(4, 0)), std::nullopt);  // root: output required
 }
 
-// GPU path (issue 5): CUDA references, stream flags and their combinations.
+// GPU path: CUDA references, stream flags and their combinations.
 namespace {
 BufferRef cuda(std::uint64_t off, std::uint64_t bytes, std::uint64_t alloc = 1 << 20) {
   BufferRef b;
@@ -235,3 +235,37 @@ TEST(Validate, ReadingTheMembersArenas) {
   dev.flags = kFlagReadSources;
   EXPECT_TRUE(fails(dev, gpu_ctx(), "only host collectives that move bytes"));
 }
+
+namespace smddp::ipc {
+namespace {
+using testing::fails;
+
+ValidationContext ctx_with_gpu_group_of_one() {
+  auto c = gpu_ctx();
+  c.group_size = 1;
+  c.group_rank = 0;
+  return c;
+}
+
+TEST(Validate, HierarchicalRequestsRunRankSideOnTheOpsThatHaveTheForm) {
+  auto d = device_allreduce();
+  d.flags = kFlagRankExec | kFlagHierarchical;
+  EXPECT_EQ(validate_request(d, gpu_ctx()), std::nullopt);
+  d.flags = kFlagHierarchical;  // without rank-side execution
+  EXPECT_TRUE(fails(d, gpu_ctx(), "without rank-side execution"));
+  d.flags = kFlagRankExec | kFlagHierarchical;
+  d.op = OpType::AllToAll;  // even: as many bytes in and out
+  EXPECT_TRUE(fails(d, ctx_with_gpu_group_of_one(), "run hierarchically"));
+}
+
+TEST(Validate, RailOperationsAreHostOperations) {
+  auto h = allreduce();
+  h.flags = kFlagRail;
+  EXPECT_EQ(validate_request(h, ctx()), std::nullopt);
+  auto d = device_allreduce();
+  d.flags = kFlagRail;
+  EXPECT_TRUE(fails(d, gpu_ctx(), "rail operation is a host operation"));
+}
+
+}  // namespace
+}  // namespace smddp::ipc

@@ -191,6 +191,32 @@ TEST(Text, AcrossNodesShowsOperationsInFlightAndStaging) {
   EXPECT_TRUE(contains(p, "smddp_internode_staging_bytes_kept{job=\"j1\",node=\"0\"} 4096\n")) << p;
 }
 
+// The fabric endpoints across nodes: count, provider, each one's device and bytes both ways.
+TEST(Text, FabricEndpointsShowTheirDevicesAndBytes) {
+  auto s = full_status();
+  s["internode"] = json::parse(R"({"enabled":true,"operations_in_flight":0,"staging_buffers_made":0,
+    "staging_bytes_kept":0,"fabric":{"provider":"efa","endpoint_count":2,"endpoint_of_slot":[0,0,1,1],
+    "endpoints":[{"index":0,"device":"rdmap16s27-rdm","pci":"0000:10:1b.0","address":"fi_addr_efa://[fe80::1]:0:1",
+                  "bytes_sent":1048576,"bytes_received":2048},
+                 {"index":1,"device":"rdmap32s27-rdm","pci":"","address":"x","bytes_sent":0,"bytes_received":5}]}})");
+  const auto text = format_status_text(s);
+  EXPECT_TRUE(contains(text, "fabric:        2 endpoint(s), provider efa; endpoint of each local slot: 0 0 1 1\n")) << text;
+  EXPECT_TRUE(contains(text, "ENDPOINT")) << text;
+  EXPECT_TRUE(contains(text, "rdmap16s27-rdm")) << text;
+  EXPECT_TRUE(contains(text, "0000:10:1b.0")) << text;
+  EXPECT_TRUE(contains(text, "1.0 MiB")) << text;
+  const std::string p = format_prometheus({{"j1", 0, s}});
+  EXPECT_EQ(prometheus_problems(p), std::vector<std::string>{}) << p;
+  EXPECT_TRUE(contains(p, "smddp_fabric_endpoints{job=\"j1\",node=\"0\"} 2\n")) << p;
+  EXPECT_TRUE(contains(p, "smddp_fabric_endpoint_bytes_sent_total{job=\"j1\",node=\"0\",endpoint=\"0\",device=\"rdmap16s27-rdm\"} 1048576\n"))
+      << p;
+  EXPECT_TRUE(contains(p, "smddp_fabric_endpoint_bytes_received_total{job=\"j1\",node=\"0\",endpoint=\"1\",device=\"rdmap32s27-rdm\"} 5\n"))
+      << p;
+  s["internode"] = json::parse(R"({"enabled":true,"operations_in_flight":0})");  // an older daemon: no fabric block
+  EXPECT_FALSE(contains(format_status_text(s), "fabric:")) << format_status_text(s);
+  EXPECT_EQ(prometheus_problems(format_prometheus({{"j1", 0, s}})), std::vector<std::string>{});
+}
+
 TEST(Text, DirectReadsShowChunksAndCopiesBehind) {
   auto s = full_status();
   s["direct_reads"] = json::parse(R"({"chunks":120,"copies_behind":2})");

@@ -1,7 +1,7 @@
 // Inter-node engine: two "nodes" in one process, each with its own segment (2 ranks), worker
-// pool and transport endpoint: an in-process loopback (always; sanitizer builds too) and, where
-// libfabric is built, tcp;ofi_rxm on loopback. Matches built by hand as the matcher hands them
-// over, both engines driven until their operations end.
+// pool and transport with one or three endpoints: an in-process loopback (always; sanitizer
+// builds too) and, where libfabric is built, tcp;ofi_rxm on loopback. Matches built by hand as
+// the matcher hands them over, both engines driven until their operations end.
 #include "daemon/internode/engine.hpp"
 
 #include <gtest/gtest.h>
@@ -18,151 +18,11 @@
 #include <vector>
 
 #include "daemon/internode/op.hpp"
+#include "tests/daemon/internode/engine_fixture.hpp"
 #include "tests/daemon/internode/loopback_transport.hpp"
 
 namespace smddp::daemon::internode {
 namespace {
-
-using ipc::DType;
-using ipc::OpType;
-using ipc::ReduceOp;
-
-constexpr std::uint64_t kArena = 1ull << 20;
-constexpr std::uint64_t kOut = 512ull << 10;
-constexpr int kRanks = 2;  // per node
-
-std::string unique_job() {
-  static std::atomic<int> n{0};
-  return "t-inter-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
-}
-
-struct Node {
-  Node(int id, const std::string& job, const std::shared_ptr<transport::LoopbackFabric>& loopback,
-       std::shared_ptr<transport::LoopbackTransport::Registrations> registrations = nullptr)
-      : seg(ipc::Segment::create(spec(id, job))),
-        pool(2),
-        transport(registrations ? std::make_unique<transport::LoopbackTransport>(loopback, std::move(registrations))
-                                : open(loopback)) {
-    comm.id = 0;
-    for (int g = 0; g < 2 * kRanks; ++g) {
-      comm.global_ranks.push_back(g);
-      comm.slots.push_back(g / kRanks == id ? g % kRanks : -1);
-    }
-  }
-  static ipc::SegmentSpec spec(int id, const std::string& job) {
-    ipc::SegmentSpec s;
-    s.job_id = job;
-    s.node_id = id;
-    s.num_nodes = 2;
-    s.local_world_size = kRanks;
-    s.world_size = 2 * kRanks;
-    s.first_rank = id * kRanks;
-    s.arena_bytes = kArena;
-    return s;
-  }
-  static std::unique_ptr<transport::Transport> open(const std::shared_ptr<transport::LoopbackFabric>& loopback) {
-    if (loopback) return std::make_unique<transport::LoopbackTransport>(loopback);
-#ifndef SMDDP_HAVE_FABRIC
-    throw std::logic_error("no libfabric in this build");
-#else
-    transport::TransportConfig c;
-    c.provider = "tcp;ofi_rxm";
-    c.interface = "lo";
-    return transport::make_fabric_transport(c);
-#endif
-  }
-  float* in(int slot) { return reinterpret_cast<float*>(seg.arena(slot).data()); }
-  float* out(int slot) { return reinterpret_cast<float*>(seg.arena(slot).data() + kOut); }
-  Match match(ipc::RequestDesc d, int node_id, std::uint64_t in_bytes, std::uint64_t out_bytes) {
-    Match m{&comm, {}, ipc::Status::Ok, {}};
-    for (int s = 0; s < kRanks; ++s) {
-      Posted p;
-      p.slot = s;
-      p.group_rank = node_id * kRanks + s;
-      p.desc = d;
-      p.desc.input = {ipc::BufferKind::Arena, {}, 0, in_bytes};
-      p.desc.output = {ipc::BufferKind::Arena, {}, kOut, out_bytes};
-      m.posted.push_back(p);
-    }
-    return m;
-  }
-  ipc::Segment seg;
-  WorkerPool pool;
-  std::unique_ptr<transport::Transport> transport;
-  Communicator comm;
-  std::unique_ptr<Engine> engine;
-};
-
-// Gives each of the two nodes its engine, over the transports they were made with.
-void start_engines(std::vector<std::unique_ptr<Node>>& nodes) {
-  Topology t;
-  t.num_nodes = 2;
-  t.nproc_per_node = kRanks;
-  t.nodes = {{::getpid(), "test-host"}, {::getpid(), "test-host"}};
-  std::vector<std::vector<std::uint8_t>> addresses;
-  for (auto& n : nodes) addresses.push_back(n->transport->local_address());
-  for (int i = 0; i < 2; ++i) {
-    t.node_id = i;
-    nodes[i]->engine = std::make_unique<Engine>(t, std::move(nodes[i]->transport), addresses, nodes[i]->seg,
-                                               nodes[i]->pool, Engine::Options{});
-  }
-}
-
-// Parameter: "loopback" or "fabric".
-class EngineTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    const auto job = unique_job();
-    auto loopback = GetParam() == "loopback" ? std::make_shared<transport::LoopbackFabric>() : nullptr;
-    for (int i = 0; i < 2; ++i) nodes.push_back(std::make_unique<Node>(i, job, loopback));
-    start_engines(nodes);
-  }
-  // Drives both engines until each has finished `want` operations.
-  std::vector<std::vector<Finished>> drive(std::size_t want = 1) {
-    std::vector<std::vector<Finished>> done(2);
-    const auto until = Clock::now() + std::chrono::seconds(20);
-    while ((done[0].size() < want || done[1].size() < want) && Clock::now() < until)
-      for (int i = 0; i < 2; ++i)
-        for (auto& f : nodes[i]->engine->progress(Clock::now())) done[i].push_back(std::move(f));
-    return done;
-  }
-  std::vector<std::unique_ptr<Node>> nodes;
-};
-
-ipc::RequestDesc desc(OpType op, std::uint64_t count) {
-  ipc::RequestDesc d;
-  d.op = op;
-  d.dtype = DType::Float32;
-  d.reduce_op = ReduceOp::Sum;
-  d.count = count;
-  d.chunk_count = count;
-  d.seq = 1;
-  return d;
-}
-
-// Group rank 0 (node 0) sends `count` floats from its arena to group rank 2 (node 1).
-Posted send_0_to_2(std::uint64_t count, std::uint64_t seq) {
-  Posted s;
-  s.slot = 0;
-  s.group_rank = 0;
-  s.desc = desc(OpType::Send, count);
-  s.desc.seq = seq;
-  s.desc.root = 2;
-  s.desc.input = {ipc::BufferKind::Arena, {}, 0, count * 4};
-  return s;
-}
-
-// Group rank 2 (node 1) receives `count` floats from group rank 0 into its output.
-Posted recv_2_from_0(std::uint64_t count, std::uint64_t seq) {
-  Posted r;
-  r.slot = 0;
-  r.group_rank = 2;
-  r.desc = desc(OpType::Recv, count);
-  r.desc.seq = seq;
-  r.desc.root = 0;
-  r.desc.output = {ipc::BufferKind::Arena, {}, kOut, count * 4};
-  return r;
-}
 
 TEST_P(EngineTest, AllReduceSumsEveryRankOfEveryNode) {
   constexpr std::uint64_t n = 1001;  // odd: shards of unequal size
@@ -674,7 +534,7 @@ TEST(EngineRegistration, StagingBuffersAreRegisteredOnceAndEveryMessageCarriesAR
   std::vector<std::unique_ptr<Node>> nodes;
   for (int i = 0; i < 2; ++i) {
     counts.push_back(std::make_shared<transport::LoopbackTransport::Registrations>());
-    nodes.push_back(std::make_unique<Node>(i, job, loopback, counts.back()));
+    nodes.push_back(std::make_unique<Node>(i, job, loopback, 1, counts.back()));
   }
   start_engines(nodes);
   // The arenas, once each, and the buffers that take the other node's heartbeats and notices.
@@ -719,9 +579,13 @@ TEST(EngineRegistration, StagingBuffersAreRegisteredOnceAndEveryMessageCarriesAR
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("loopback", "fabric"));
+INSTANTIATE_TEST_SUITE_P(Transports, EngineTest,
+                         ::testing::Values(Setup{"loopback", 1}, Setup{"loopback", 3}, Setup{"fabric", 1},
+                                           Setup{"fabric", 3}),
+                         setup_name);
 #else
-INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values("loopback"));
+INSTANTIATE_TEST_SUITE_P(Transports, EngineTest, ::testing::Values(Setup{"loopback", 1}, Setup{"loopback", 3}),
+                         setup_name);
 #endif
 
 }  // namespace

@@ -1,6 +1,7 @@
-// An in-process Transport for tests: endpoints of one LoopbackFabric deliver tagged messages
-// to each other by memcpy inside the receiver's progress(). No libfabric, so the engine's
-// tests also run in the sanitizer builds.
+// An in-process Transport for tests: transports of one LoopbackFabric deliver tagged messages
+// to each other by memcpy inside the receiver's progress(). Each transport may own several
+// endpoints; a message matches only a receive on the rail it was sent over. No libfabric, so
+// the engine's tests also run in the sanitizer builds.
 #pragma once
 
 #include <algorithm>
@@ -18,7 +19,8 @@ namespace smddp::daemon::transport {
 class LoopbackFabric : public std::enable_shared_from_this<LoopbackFabric> {
  public:
   struct Pending {
-    int src, dst;
+    int src, dst;            // transports
+    int src_ep, dst_ep;      // their endpoints
     std::uint64_t tag;
     const void* sbuf = nullptr;
     void* rbuf = nullptr;
@@ -26,18 +28,29 @@ class LoopbackFabric : public std::enable_shared_from_this<LoopbackFabric> {
     Completion done;
   };
   std::deque<Pending> sends;
-  std::vector<std::deque<std::pair<Completion, Status>>> completions;  // by endpoint
-  std::vector<std::deque<Pending>> recvs;                               // by endpoint
-  int add_endpoint() {
+  std::vector<std::deque<std::pair<Completion, Status>>> completions;  // by transport
+  std::vector<std::deque<Pending>> recvs;                               // by transport
+  // Bytes sent, by transport and endpoint: counted where a send is matched (in the receiver's
+  // progress()), so kept here.
+  std::vector<std::vector<std::uint64_t>> bytes_sent;
+  int add_transport(int endpoints) {
     completions.emplace_back();
     recvs.emplace_back();
+    bytes_sent.emplace_back(static_cast<std::size_t>(endpoints), 0);
     return static_cast<int>(completions.size()) - 1;
   }
 };
 
 class LoopbackTransport final : public Transport {
  public:
-  explicit LoopbackTransport(std::shared_ptr<LoopbackFabric> f) : f_(std::move(f)), me_(f_->add_endpoint()) {}
+  explicit LoopbackTransport(std::shared_ptr<LoopbackFabric> f, int endpoints = 1)
+      : f_(std::move(f)), me_(f_->add_transport(endpoints)), info_(static_cast<std::size_t>(endpoints)) {
+    for (int e = 0; e < endpoints; ++e) {
+      info_[static_cast<std::size_t>(e)].provider = "loopback";
+      info_[static_cast<std::size_t>(e)].device = "loopback" + std::to_string(e);
+      info_[static_cast<std::size_t>(e)].address = std::to_string(me_) + "." + std::to_string(e);
+    }
+  }
   // As a provider that wants local buffers registered (efa): registrations are counted, and so
   // are messages whose buffer came without a region (the fabric transport would register those
   // for the one message).
@@ -46,47 +59,69 @@ class LoopbackTransport final : public Transport {
     std::size_t messages_without_region = 0;
     std::size_t largest_without_region = 0;  // bytes
   };
-  LoopbackTransport(std::shared_ptr<LoopbackFabric> f, std::shared_ptr<Registrations> counts)
-      : LoopbackTransport(std::move(f)) {
+  LoopbackTransport(std::shared_ptr<LoopbackFabric> f, std::shared_ptr<Registrations> counts, int endpoints = 1)
+      : LoopbackTransport(std::move(f), endpoints) {
     counts_ = std::move(counts);
   }
   bool needs_registration() const override { return counts_ != nullptr; }
-  std::vector<std::uint8_t> local_address() const override { return {static_cast<std::uint8_t>(me_)}; }
-  int add_peer(const std::vector<std::uint8_t>& a) override {
-    peers_.push_back(a.at(0));
+  int endpoints() const override { return static_cast<int>(info_.size()); }
+  // Endpoint e's name: {transport, e}.
+  std::vector<std::vector<std::uint8_t>> local_addresses() const override {
+    std::vector<std::vector<std::uint8_t>> out;
+    for (int e = 0; e < endpoints(); ++e) out.push_back({static_cast<std::uint8_t>(me_), static_cast<std::uint8_t>(e)});
+    return out;
+  }
+  int add_peer(const std::vector<std::vector<std::uint8_t>>& a) override {
+    if (a.empty()) throw std::invalid_argument("loopback: a peer with no endpoint addresses");
+    for (std::size_t e = 0; e < a.size(); ++e)
+      if (a[e].size() != 2 || a[e][1] != e) throw std::invalid_argument("loopback: a malformed endpoint address");
+    peers_.push_back({a.front().at(0), static_cast<int>(a.size())});
     return static_cast<int>(peers_.size()) - 1;
   }
+  int peer_endpoints(int peer) const override { return peers_.at(static_cast<std::size_t>(peer)).endpoints; }
   MemoryRegion register_memory(void* base, std::size_t bytes) override {
     if (counts_) ++counts_->made;
     return MemoryRegion(base, bytes, nullptr);
   }
-  void send(int peer, std::uint64_t tag, const void* buf, std::size_t bytes, const MemoryRegion* region,
+  void send(int peer, Rail rail, std::uint64_t tag, const void* buf, std::size_t bytes, const MemoryRegion* region,
             Completion done) override {
-    note(buf, bytes, region);
-    f_->sends.push_back({me_, peers_.at(static_cast<std::size_t>(peer)), tag, buf, nullptr, bytes, std::move(done)});
+    note(peer, rail, buf, bytes, region);
+    f_->sends.push_back({me_, peers_.at(static_cast<std::size_t>(peer)).id, rail.local, rail.remote, tag, buf, nullptr,
+                         bytes, std::move(done)});
   }
-  void recv(int peer, std::uint64_t tag, void* buf, std::size_t bytes, const MemoryRegion* region,
+  void recv(int peer, Rail rail, std::uint64_t tag, void* buf, std::size_t bytes, const MemoryRegion* region,
             Completion done) override {
-    note(buf, bytes, region);
+    note(peer, rail, buf, bytes, region);
     f_->recvs[static_cast<std::size_t>(me_)].push_back(
-        {peers_.at(static_cast<std::size_t>(peer)), me_, tag, nullptr, buf, bytes, std::move(done)});
+        {peers_.at(static_cast<std::size_t>(peer)).id, me_, rail.remote, rail.local, tag, nullptr, buf, bytes, std::move(done)});
   }
+  // Fails this side's receives from the peer and sends to it, on every rail.
   void fail_peer(int peer, const std::string& reason) override {
-    const int p = peers_.at(static_cast<std::size_t>(peer));
+    const int p = peers_.at(static_cast<std::size_t>(peer)).id;
+    std::vector<Completion> victims;
     auto& rs = f_->recvs[static_cast<std::size_t>(me_)];
     for (auto it = rs.begin(); it != rs.end();) {
       if (it->src == p) {
-        auto done = std::move(it->done);
+        victims.push_back(std::move(it->done));
         it = rs.erase(it);
-        done(Status::failure(reason));
       } else {
         ++it;
       }
     }
+    for (auto it = f_->sends.begin(); it != f_->sends.end();) {
+      if (it->src == me_ && it->dst == p) {
+        victims.push_back(std::move(it->done));
+        it = f_->sends.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& done : victims) done(Status::failure(reason));
   }
   std::size_t progress() override {
     std::size_t n = 0;
-    // Match sends addressed to us, in posting order, with our receives, in posting order.
+    // Match sends addressed to us, in posting order, with our receives on the same rail, in
+    // posting order.
     auto& rs = f_->recvs[static_cast<std::size_t>(me_)];
     for (auto s = f_->sends.begin(); s != f_->sends.end();) {
       if (s->dst != me_) {
@@ -94,7 +129,7 @@ class LoopbackTransport final : public Transport {
         continue;
       }
       auto r = rs.begin();
-      while (r != rs.end() && !(r->src == s->src && r->tag == s->tag)) ++r;
+      while (r != rs.end() && !(r->src == s->src && r->src_ep == s->src_ep && r->dst_ep == s->dst_ep && r->tag == s->tag)) ++r;
       if (r == rs.end()) {
         ++s;
         continue;
@@ -102,6 +137,10 @@ class LoopbackTransport final : public Transport {
       Status st;
       if (r->bytes != s->bytes) st = Status::failure("size mismatch");
       else if (s->bytes) std::memcpy(r->rbuf, s->sbuf, s->bytes);
+      if (st.ok) {
+        received(static_cast<std::size_t>(s->dst_ep), s->bytes);
+        f_->bytes_sent[static_cast<std::size_t>(s->src)][static_cast<std::size_t>(s->src_ep)] += s->bytes;
+      }
       f_->completions[static_cast<std::size_t>(s->src)].push_back({std::move(s->done), st});
       f_->completions[static_cast<std::size_t>(me_)].push_back({std::move(r->done), st});
       rs.erase(r);
@@ -117,10 +156,22 @@ class LoopbackTransport final : public Transport {
     return n;
   }
   std::size_t pending() const override { return 0; }
-  std::string describe() const override { return "loopback (tests)"; }
+  std::string describe() const override { return "loopback (tests), " + std::to_string(endpoints()) + " endpoint(s)"; }
+  std::vector<EndpointInfo> endpoint_info() const override {
+    auto out = info_;
+    for (std::size_t e = 0; e < out.size(); ++e) out[e].bytes_sent = f_->bytes_sent[static_cast<std::size_t>(me_)][e];
+    return out;
+  }
 
  private:
-  void note(const void* buf, std::size_t bytes, const MemoryRegion* region) {
+  struct Peer {
+    int id;
+    int endpoints;
+  };
+  void received(std::size_t endpoint, std::size_t bytes) { info_[endpoint].bytes_received += bytes; }
+  void note(int peer, Rail rail, const void* buf, std::size_t bytes, const MemoryRegion* region) {
+    if (rail.local < 0 || rail.local >= endpoints() || rail.remote < 0 || rail.remote >= peer_endpoints(peer))
+      throw std::invalid_argument("loopback: a rail naming an endpoint either side lacks");
     if (region != nullptr && !region->contains(buf, bytes))
       throw std::invalid_argument("loopback: buffer lies outside its memory region");
     if (counts_ && region == nullptr && bytes != 0) {
@@ -130,7 +181,8 @@ class LoopbackTransport final : public Transport {
   }
   std::shared_ptr<LoopbackFabric> f_;
   int me_;
-  std::vector<int> peers_;
+  std::vector<Peer> peers_;
+  std::vector<EndpointInfo> info_;
   std::shared_ptr<Registrations> counts_;
 };
 

@@ -1,6 +1,7 @@
 // FabricTransport over loopback providers: two transports in one process (and one test across
 // two processes). Timeouts only bound a hang; no result depends on timing.
 #include "daemon/transport/fabric_transport.hpp"
+#include "tests/daemon/transport/transport_test_util.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -20,47 +21,6 @@
 namespace smddp::daemon::transport {
 namespace {
 
-constexpr auto kHangLimit = std::chrono::seconds(20);
-constexpr std::size_t MiB = std::size_t{1} << 20;
-
-// Progresses every transport until `done()` or the hang limit; false on the limit.
-bool drive(std::initializer_list<Transport*> transports, const std::function<bool()>& done) {
-  auto deadline = std::chrono::steady_clock::now() + kHangLimit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    for (Transport* t : transports) t->progress();
-  }
-  return true;
-}
-
-std::vector<std::uint8_t> pattern(std::size_t bytes, std::uint32_t seed) {
-  std::vector<std::uint8_t> v(bytes);
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x = x * 1664525u + 1013904223u;
-    b = static_cast<std::uint8_t>(x >> 24);
-  }
-  return v;
-}
-
-// Records one completion.
-struct Done {
-  std::optional<Status> status;
-  Completion callback() {
-    return [this](Status s) { status = std::move(s); };
-  }
-  bool ready() const { return status.has_value(); }
-};
-
-std::unique_ptr<Transport> make_or_explain(const TransportConfig& config, std::string& why) {
-  try {
-    return make_fabric_transport(config);
-  } catch (const std::runtime_error& e) {
-    why = e.what();
-    return nullptr;
-  }
-}
-
 class FabricTransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   TransportConfig config() const {
@@ -77,8 +37,8 @@ class FabricTransportTest : public ::testing::TestWithParam<std::string> {
     a_ = make_or_explain(c, why);
     if (a_) b_ = make_or_explain(c, why);
     if (!a_ || !b_) GTEST_SKIP() << "provider '" << c.provider << "' unavailable: " << why;
-    ASSERT_EQ(a_->add_peer(b_->local_address()), 0);
-    ASSERT_EQ(b_->add_peer(a_->local_address()), 0);
+    ASSERT_EQ(a_->add_peer(b_->local_addresses()), 0);
+    ASSERT_EQ(b_->add_peer(a_->local_addresses()), 0);
   }
 
   // Sends `bytes` from a to b (receive posted first or second) and checks the data.
@@ -86,12 +46,12 @@ class FabricTransportTest : public ::testing::TestWithParam<std::string> {
     auto sent = pattern(bytes, static_cast<std::uint32_t>(tag));
     std::vector<std::uint8_t> got(bytes, 0);
     Done s, r;
-    if (recv_first) b_->recv(0, tag, got.data(), bytes, nullptr, r.callback());
-    a_->send(0, tag, sent.data(), bytes, nullptr, s.callback());
+    if (recv_first) b_->recv(0, kFirst, tag, got.data(), bytes, nullptr, r.callback());
+    a_->send(0, kFirst, tag, sent.data(), bytes, nullptr, s.callback());
     if (!recv_first) {
       // Let the send reach the receiver as an unexpected message first.
       for (int i = 0; i < 100; ++i) a_->progress(), b_->progress();
-      b_->recv(0, tag, got.data(), bytes, nullptr, r.callback());
+      b_->recv(0, kFirst, tag, got.data(), bytes, nullptr, r.callback());
     }
     ASSERT_TRUE(drive({a_.get(), b_.get()}, [&] { return s.ready() && r.ready(); }))
         << bytes << " bytes: no completion";
@@ -110,8 +70,11 @@ TEST_P(FabricTransportTest, DescribesProvider) {
   std::cout << "describe(" << GetParam() << "): " << d << "\n";
   EXPECT_NE(d.find(GetParam()), std::string::npos) << d;
   EXPECT_NE(d.find("FI_TAGGED"), std::string::npos) << d;
-  EXPECT_FALSE(a_->local_address().empty());
-  EXPECT_NE(a_->local_address(), b_->local_address());
+  ASSERT_EQ(a_->local_addresses().size(), 1u);
+  EXPECT_FALSE(a_->local_addresses()[0].empty());
+  EXPECT_NE(a_->local_addresses(), b_->local_addresses());
+  ASSERT_EQ(a_->endpoint_info().size(), 1u);
+  EXPECT_EQ(a_->endpoint_info()[0].provider, GetParam());
 }
 
 TEST_P(FabricTransportTest, SendRecvSmallAndMedium) {
@@ -172,11 +135,11 @@ TEST_P(FabricTransportTest, ManyMessagesBeyondInflightBothWaysOutOfOrder) {
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
     auto post_recv = [&](int i) {
-      flow.to->recv(0, 1000 + i, flow.got[i].data(), flow.got[i].size(), nullptr, flow.recvs[i].callback());
+      flow.to->recv(0, kFirst, 1000 + i, flow.got[i].data(), flow.got[i].size(), nullptr, flow.recvs[i].callback());
     };
     for (int k = 0; k < kMessages / 2; ++k) post_recv(order[k]);
     for (int i = 0; i < kMessages; ++i)
-      flow.from->send(0, 1000 + i, flow.sent[i].data(), flow.sent[i].size(), nullptr, flow.sends[i].callback());
+      flow.from->send(0, kFirst, 1000 + i, flow.sent[i].data(), flow.sent[i].size(), nullptr, flow.sends[i].callback());
     for (int k = kMessages / 2; k < kMessages; ++k) post_recv(order[k]);
   }
   auto all_done = [&] {
@@ -205,8 +168,8 @@ TEST_P(FabricTransportTest, SameTagMessagesMatchInPostingOrder) {
     sent.push_back(pattern(100 + i, i));
     got.emplace_back(100 + i, 0);
   }
-  for (int i = 0; i < 5; ++i) a_->send(0, 77, sent[i].data(), 100 + i, nullptr, s[i].callback());
-  for (int i = 0; i < 5; ++i) b_->recv(0, 77, got[i].data(), 100 + i, nullptr, r[i].callback());
+  for (int i = 0; i < 5; ++i) a_->send(0, kFirst, 77, sent[i].data(), 100 + i, nullptr, s[i].callback());
+  for (int i = 0; i < 5; ++i) b_->recv(0, kFirst, 77, got[i].data(), 100 + i, nullptr, r[i].callback());
   ASSERT_TRUE(drive({a_.get(), b_.get()}, [&] {
     return std::all_of(r.begin(), r.end(), [](auto& d) { return d.ready(); }) &&
            std::all_of(s.begin(), s.end(), [](auto& d) { return d.ready(); });
@@ -229,8 +192,8 @@ TEST_P(FabricTransportTest, RegisteredMemory) {
   // A sub-range of each region, split into chunks, at an offset.
   const std::size_t offset = 4096 + 5, bytes = 3 * MiB + 11;
   Done s, r;
-  b_->recv(0, 20, dst.data() + offset, bytes, &dst_region, r.callback());
-  a_->send(0, 20, src.data() + offset, bytes, &src_region, s.callback());
+  b_->recv(0, kFirst, 20, dst.data() + offset, bytes, &dst_region, r.callback());
+  a_->send(0, kFirst, 20, src.data() + offset, bytes, &src_region, s.callback());
   ASSERT_TRUE(drive({a_.get(), b_.get()}, [&] { return s.ready() && r.ready(); }));
   ASSERT_TRUE(s.status->ok) << s.status->error;
   ASSERT_TRUE(r.status->ok) << r.status->error;
@@ -238,17 +201,26 @@ TEST_P(FabricTransportTest, RegisteredMemory) {
   EXPECT_EQ(dst[offset - 1], 0);
   EXPECT_EQ(dst[offset + bytes], 0);
   // A buffer outside its region is a programming error.
-  EXPECT_THROW(a_->send(0, 21, src.data() + 1, src.size(), &src_region, [](Status) {}), std::invalid_argument);
+  EXPECT_THROW(a_->send(0, kFirst, 21, src.data() + 1, src.size(), &src_region, [](Status) {}), std::invalid_argument);
 }
 
 TEST_P(FabricTransportTest, RejectsBadArguments) {
   connect(config());
   if (IsSkipped()) return;
   std::uint8_t byte = 0;
-  EXPECT_THROW(a_->send(1, 0, &byte, 1, nullptr, [](Status) {}), std::invalid_argument);
-  EXPECT_THROW(a_->recv(-1, 0, &byte, 1, nullptr, [](Status) {}), std::invalid_argument);
-  EXPECT_THROW(a_->send(0, Transport::kMaxTag + 1, &byte, 1, nullptr, [](Status) {}), std::invalid_argument);
+  EXPECT_THROW(a_->send(1, kFirst, 0, &byte, 1, nullptr, [](Status) {}), std::invalid_argument);
+  EXPECT_THROW(a_->recv(-1, kFirst, 0, &byte, 1, nullptr, [](Status) {}), std::invalid_argument);
+  EXPECT_THROW(a_->send(0, kFirst, Transport::kMaxTag + 1, &byte, 1, nullptr, [](Status) {}), std::invalid_argument);
   EXPECT_THROW(a_->add_peer({}), std::invalid_argument);
+  // Malformed addresses: empty, or of another length than the provider's.
+  EXPECT_THROW(a_->add_peer({{}}), std::invalid_argument);
+  EXPECT_THROW(a_->add_peer({{1, 2, 3}}), std::invalid_argument);
+  EXPECT_THROW(a_->add_peer(std::vector<std::vector<std::uint8_t>>(Transport::kMaxEndpoints + 1, b_->local_addresses()[0])),
+               std::invalid_argument);
+  // A rail naming an endpoint either side lacks.
+  EXPECT_THROW(a_->send(0, Rail{1, 0}, 0, &byte, 1, nullptr, [](Status) {}), std::invalid_argument);
+  EXPECT_THROW(a_->recv(0, Rail{0, 1}, 0, &byte, 1, nullptr, [](Status) {}), std::invalid_argument);
+  EXPECT_THROW(a_->recv(0, Rail{-1, 0}, 0, &byte, 1, nullptr, [](Status) {}), std::invalid_argument);
   EXPECT_EQ(a_->pending(), 0u);
 }
 
@@ -258,8 +230,8 @@ TEST_P(FabricTransportTest, SizeMismatchIsAnErrorNamingThePeer) {
   std::vector<std::uint8_t> small(10, 1), big(20, 0);
   {  // Sender shorter than the receive.
     Done s, r;
-    b_->recv(0, 30, big.data(), big.size(), nullptr, r.callback());
-    a_->send(0, 30, small.data(), small.size(), nullptr, s.callback());
+    b_->recv(0, kFirst, 30, big.data(), big.size(), nullptr, r.callback());
+    a_->send(0, kFirst, 30, small.data(), small.size(), nullptr, s.callback());
     ASSERT_TRUE(drive({a_.get(), b_.get()}, [&] { return s.ready() && r.ready(); }));
     EXPECT_TRUE(s.status->ok) << s.status->error;
     ASSERT_FALSE(r.status->ok);
@@ -268,8 +240,8 @@ TEST_P(FabricTransportTest, SizeMismatchIsAnErrorNamingThePeer) {
   }
   {  // Sender longer than the receive: the provider truncates.
     Done s, r;
-    b_->recv(0, 31, small.data(), small.size(), nullptr, r.callback());
-    a_->send(0, 31, big.data(), big.size(), nullptr, s.callback());
+    b_->recv(0, kFirst, 31, small.data(), small.size(), nullptr, r.callback());
+    a_->send(0, kFirst, 31, big.data(), big.size(), nullptr, s.callback());
     ASSERT_TRUE(drive({a_.get(), b_.get()}, [&] { return s.ready() && r.ready(); }));
     ASSERT_FALSE(r.status->ok);
     EXPECT_NE(r.status->error.find("recv from peer 0"), std::string::npos) << r.status->error;
@@ -282,8 +254,8 @@ TEST_P(FabricTransportTest, DestroyWithPostedReceivesDoesNotHang) {
   if (IsSkipped()) return;
   std::vector<std::uint8_t> buf(MiB);
   bool called = false;
-  b_->recv(0, 40, buf.data(), buf.size(), nullptr, [&](Status) { called = true; });
-  b_->recv(0, 41, buf.data(), 10, nullptr, [&](Status) { called = true; });
+  b_->recv(0, kFirst, 40, buf.data(), buf.size(), nullptr, [&](Status) { called = true; });
+  b_->recv(0, kFirst, 41, buf.data(), 10, nullptr, [&](Status) { called = true; });
   EXPECT_EQ(b_->pending(), 2u);
   b_.reset();  // cancels the receives; the callbacks do not run
   EXPECT_FALSE(called);
@@ -303,13 +275,13 @@ TEST_P(FabricTransportTest, SendToVanishedPeerFailsNamingIt) {
   std::string why;
   auto gone = make_or_explain(config(), why);
   ASSERT_TRUE(gone) << why;
-  std::vector<std::uint8_t> address = gone->local_address();
+  auto address = gone->local_addresses();
   gone.reset();
   const int peer = a_->add_peer(address);
   std::vector<std::uint8_t> big(4 * MiB, 3), small(8, 3);
   Done s_big, s_small;
-  a_->send(peer, 50, big.data(), big.size(), nullptr, s_big.callback());
-  a_->send(peer, 51, small.data(), small.size(), nullptr, s_small.callback());
+  a_->send(peer, kFirst, 50, big.data(), big.size(), nullptr, s_big.callback());
+  a_->send(peer, kFirst, 51, small.data(), small.size(), nullptr, s_small.callback());
   ASSERT_TRUE(drive({a_.get()}, [&] { return s_big.ready() && s_small.ready(); })) << "send to a vanished peer hung";
   for (Done* d : {&s_big, &s_small}) {
     ASSERT_FALSE(d->status->ok);
@@ -329,8 +301,8 @@ TEST_P(FabricTransportTest, FailPeerCompletesItsMessagesWithTheReason) {
   if (IsSkipped()) return;
   std::vector<std::uint8_t> buf(2 * MiB);
   Done r1, r2;
-  b_->recv(0, 70, buf.data(), MiB, nullptr, r1.callback());
-  b_->recv(0, 71, buf.data() + MiB, 10, nullptr, r2.callback());
+  b_->recv(0, kFirst, 70, buf.data(), MiB, nullptr, r1.callback());
+  b_->recv(0, kFirst, 71, buf.data() + MiB, 10, nullptr, r2.callback());
   b_->fail_peer(0, "node 1 died");
   ASSERT_TRUE(r1.ready() && r2.ready());
   for (Done* d : {&r1, &r2}) {
@@ -354,8 +326,8 @@ TEST_P(FabricTransportTest, PeerDestroyedMidTransferFailsTheSend) {
   if (IsSkipped()) return;
   std::vector<std::uint8_t> data(32 * MiB, 9), got(32 * MiB);
   Done s, r;
-  a_->send(0, 80, data.data(), data.size(), nullptr, s.callback());
-  b_->recv(0, 80, got.data(), MiB, nullptr, r.callback());  // takes the first chunk only
+  a_->send(0, kFirst, 80, data.data(), data.size(), nullptr, s.callback());
+  b_->recv(0, kFirst, 80, got.data(), MiB, nullptr, r.callback());  // takes the first chunk only
   for (int i = 0; i < 50; ++i) a_->progress(), b_->progress();
   b_.reset();
   ASSERT_TRUE(drive({a_.get()}, [&] { return s.ready(); })) << "send to a destroyed peer hung";
@@ -379,7 +351,8 @@ TEST(FabricTransportTwoProcess, TcpExchangeAcrossFork) {
   int to_child[2], to_parent[2];
   ASSERT_EQ(pipe(to_child), 0);
   ASSERT_EQ(pipe(to_parent), 0);
-  auto write_address = [](int fd, const std::vector<std::uint8_t>& a) {
+  auto write_address = [](int fd, const std::vector<std::vector<std::uint8_t>>& addresses) {
+    const auto& a = addresses.at(0);  // one endpoint each
     std::uint32_t n = static_cast<std::uint32_t>(a.size());
     return write(fd, &n, sizeof n) == sizeof n && write(fd, a.data(), n) == static_cast<ssize_t>(n);
   };
@@ -395,15 +368,15 @@ TEST(FabricTransportTwoProcess, TcpExchangeAcrossFork) {
   // Each side sends pattern(own id) and expects pattern(other id).
   auto exchange = [&](int self, int fd_out, int fd_in) -> std::string {
     auto t = make_fabric_transport(c);
-    if (!write_address(fd_out, t->local_address())) return "address write failed";
+    if (!write_address(fd_out, t->local_addresses())) return "address write failed";
     auto other = read_address(fd_in);
     if (other.empty()) return "address read failed";
-    int peer = t->add_peer(other);
+    int peer = t->add_peer({other});
     auto sent = pattern(kBytes, self), expect = pattern(kBytes, 1 - self);
     std::vector<std::uint8_t> got(kBytes);
     Done s, r;
-    t->recv(peer, 60, got.data(), got.size(), nullptr, r.callback());
-    t->send(peer, 60, sent.data(), sent.size(), nullptr, s.callback());
+    t->recv(peer, kFirst, 60, got.data(), got.size(), nullptr, r.callback());
+    t->send(peer, kFirst, 60, sent.data(), sent.size(), nullptr, s.callback());
     if (!drive({t.get()}, [&] { return s.ready() && r.ready(); })) return "timed out";
     if (!s.status->ok) return s.status->error;
     if (!r.status->ok) return r.status->error;
