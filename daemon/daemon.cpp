@@ -251,6 +251,12 @@ int Daemon::loop() {
                std::to_string(infos[i].bytes_received) + " received";
     spdlog::info("fabric endpoint bytes: {}", bytes);
   }
+  // Where the bytes went, by operation type, for the job's log.
+  const nlohmann::json traffic = traffic_status();
+  for (const auto& [op, t] : traffic["by_op"].items())
+    spdlog::info("traffic {}: {} bytes GPU to arena, {} arena to GPU, {} reduced by the daemon, {} sent on the fabric", op,
+                 t.value("to_host_bytes", std::uint64_t{0}), t.value("to_device_bytes", std::uint64_t{0}),
+                 t.value("daemon_reduced_bytes", std::uint64_t{0}), t.value("fabric_sent_bytes", std::uint64_t{0}));
   segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Stopping), std::memory_order_release);
   spdlog::info("all ranks exited; job exit status {}; {} collectives, {} bytes", exit_code_, collectives_done_,
                bytes_moved_);
@@ -958,25 +964,53 @@ std::uint64_t Daemon::sources_behind() const {
 }
 
 nlohmann::json Daemon::traffic_status() const {
-  // Where the bytes go, by operation type: what the ranks copied between their GPU and their
-  // arena (CUDA tensors across nodes), counted by the ranks in their slots.
+  // Where the bytes go, by operation type: what each rank copied between its GPU and its arena
+  // (counted by the ranks in their slots), what this daemon reduced on its CPU (inside the node
+  // and across nodes) and what it sent on the fabric.
   nlohmann::json by_op = nlohmann::json::object();
   nlohmann::json by_rank = nlohmann::json::array();
+  const auto entry = [](nlohmann::json& obj, OpType op) -> nlohmann::json& {
+    auto& o = obj[std::string(ipc::to_string(op))];
+    if (!o.is_object())
+      o = {{"to_host_bytes", std::uint64_t{0}}, {"to_device_bytes", std::uint64_t{0}}};
+    return o;
+  };
+  const auto add = [](nlohmann::json& o, const char* key, std::uint64_t v) {
+    o[key] = o.value(key, std::uint64_t{0}) + v;
+  };
   for (int s = 0; s < layout_.nproc_per_node; ++s) {
     const auto& slot = segment_.slot(s);
     std::uint64_t to_host = 0, to_device = 0;
+    nlohmann::json rank_by_op = nlohmann::json::object();
     for (int i = 0; i < ipc::kOpTypeCount; ++i) {
       const auto h = slot.staged_to_host[i].load(std::memory_order_relaxed);
       const auto d = slot.staged_to_device[i].load(std::memory_order_relaxed);
+      if (h == 0 && d == 0) continue;
       to_host += h;
       to_device += d;
-      if (h == 0 && d == 0) continue;
-      auto& o = by_op[std::string(ipc::to_string(static_cast<OpType>(i)))];
-      if (!o.is_object()) o = {{"to_host_bytes", std::uint64_t{0}}, {"to_device_bytes", std::uint64_t{0}}};
-      o["to_host_bytes"] = o["to_host_bytes"].get<std::uint64_t>() + h;
-      o["to_device_bytes"] = o["to_device_bytes"].get<std::uint64_t>() + d;
+      const auto op = static_cast<OpType>(i);
+      auto& o = entry(by_op, op);
+      add(o, "to_host_bytes", h);
+      add(o, "to_device_bytes", d);
+      rank_by_op[std::string(ipc::to_string(op))] = {{"to_host_bytes", h}, {"to_device_bytes", d}};
     }
-    by_rank.push_back({{"rank", slot.rank}, {"to_host_bytes", to_host}, {"to_device_bytes", to_device}});
+    by_rank.push_back({{"rank", slot.rank},
+                       {"to_host_bytes", to_host},
+                       {"to_device_bytes", to_device},
+                       {"by_op", std::move(rank_by_op)}});
+  }
+  for (int i = 0; i < ipc::kOpTypeCount; ++i) {
+    const auto op = static_cast<OpType>(i);
+    const std::uint64_t reduced = host_.reduced()[op] + (engine_ ? engine_->host_reduced()[op] : 0);
+    const std::uint64_t sent = engine_ ? engine_->fabric_sent()[op] : 0;
+    if (reduced == 0 && sent == 0) continue;
+    auto& o = entry(by_op, op);
+    add(o, "daemon_reduced_bytes", reduced);
+    add(o, "fabric_sent_bytes", sent);
+  }
+  for (auto& o : by_op) {
+    if (!o.contains("daemon_reduced_bytes")) o["daemon_reduced_bytes"] = std::uint64_t{0};
+    if (!o.contains("fabric_sent_bytes")) o["fabric_sent_bytes"] = std::uint64_t{0};
   }
   return {{"by_op", std::move(by_op)}, {"by_rank", std::move(by_rank)}};
 }

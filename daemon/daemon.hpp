@@ -113,7 +113,7 @@ class Daemon {
   // Runs a device match: fills each member's daemon event, or returns an error.
   std::optional<std::string> run_device(const Match& m, std::vector<cuda::DoneMark>& done, std::uint64_t& bytes);
   nlohmann::json internode_status() const;
-  nlohmann::json traffic_status() const;  // bytes by operation type: staged by the ranks
+  nlohmann::json traffic_status() const;  // bytes by operation type: staged by the ranks, reduced, sent
   // Logs a rank whose GPU is not the one the fabric endpoint table assumed for its slot.
   void note_rank_gpu(int slot) const;
   nlohmann::json gpu_status() const;

@@ -78,6 +78,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
         for (int r = 1; r < n; ++r) move_bytes(out(ps[static_cast<std::size_t>(r)]) + lo * e, dst0, (hi - lo) * e);
       });
       bytes = cb * static_cast<std::uint64_t>(n);
+      reduced_.add(d0.op, cb);
       break;
     }
     case OpType::Reduce: {
@@ -91,6 +92,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
         host_reduce(d0.dtype, d0.reduce_op, inputs, out(rp) + lo * e, hi - lo, params);
       });
       bytes = cb;
+      reduced_.add(d0.op, cb);
       break;
     }
     case OpType::ReduceScatter: {
@@ -101,6 +103,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
         host_reduce(d0.dtype, d0.reduce_op, inputs, out(ps[static_cast<std::size_t>(r)]), c, params);
       });
       bytes = cb * static_cast<std::uint64_t>(n);
+      reduced_.add(d0.op, cb * static_cast<std::uint64_t>(n));
       break;
     }
     case OpType::Broadcast: {

@@ -9,6 +9,7 @@
 
 #include "daemon/matcher.hpp"
 #include "daemon/worker_pool.hpp"
+#include "daemon/traffic.hpp"
 #include "ipc/segment.hpp"
 
 namespace smddp::daemon {
@@ -20,6 +21,9 @@ class HostExecutor {
   // Runs `m` (status Ok, every member local). Returns an error for data that contradicts
   // itself across ranks (alltoall split tables), else nullopt; `bytes` gets the bytes written.
   std::optional<std::string> run(const Match& m, std::uint64_t& bytes);
+
+  // Bytes reduced (written by reductions), by operation type, for the operator.
+  const BytesByOp& reduced() const noexcept { return reduced_; }
 
   // The worker pool, shared with the inter-node engine's host steps (same thread only).
   WorkerPool& pool() noexcept { return pool_; }
@@ -34,6 +38,7 @@ class HostExecutor {
 
   const ipc::Segment& segment_;
   WorkerPool pool_;
+  BytesByOp reduced_;
 };
 
 }  // namespace smddp::daemon

@@ -215,14 +215,18 @@ def bench(opts):
             after = staged(0) if rank == 0 else None
             del fn
             if rank == 0 and before and after:
-                def delta(key):
+                def delta(key, ranks=opts.nproc_per_node):
                     b = before.get("by_op", {}).get(op, {}).get(key, 0)
                     a = after.get("by_op", {}).get(op, {}).get(key, 0)
-                    return (a - b) / reps / opts.nproc_per_node
+                    return (a - b) / reps / ranks
                 pcie["%s.%s" % (op, path)] = {"bytes": nbytes, "to_host_per_rank": delta("to_host_bytes"),
-                                              "to_device_per_rank": delta("to_device_bytes")}
-                say("%s %s %s: per rank and operation %.1f MiB device->host, %.1f MiB host->device" % (
-                    op, human(sizes[-1]), path, delta("to_host_bytes") / 2**20, delta("to_device_bytes") / 2**20))
+                                              "to_device_per_rank": delta("to_device_bytes"),
+                                              "daemon_reduced_per_node": delta("daemon_reduced_bytes", 1),
+                                              "fabric_sent_per_node": delta("fabric_sent_bytes", 1)}
+                say("%s %s %s: per rank and operation %.1f MiB device->host, %.1f MiB host->device; per node "
+                    "%.1f MiB reduced by the daemon, %.1f MiB sent on the fabric" % (
+                        op, human(sizes[-1]), path, delta("to_host_bytes") / 2**20, delta("to_device_bytes") / 2**20,
+                        delta("daemon_reduced_bytes", 1) / 2**20, delta("fabric_sent_bytes", 1) / 2**20))
     results["pcie"] = pcie
     if rank == 0 and opts.json:
         with open(opts.json, "w") as f:

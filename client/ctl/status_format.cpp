@@ -200,6 +200,28 @@ void format_fabric(std::ostringstream& out, const json& internode) {
   }
   if (rows.size() > 1) out << format_table(rows, "    ");
 }
+// Where the bytes went, by operation type: copies between the ranks' GPUs and arenas, the
+// daemon's CPU reductions and its fabric sends; then each rank's copies.
+void format_traffic(std::ostringstream& out, const json& traffic) {
+  const json* by_op = field(traffic, "by_op");
+  if (by_op == nullptr || !by_op->is_object() || by_op->empty()) return;
+  auto bytes = [](const json& o, std::string_view key) {
+    auto b = number(o, key);
+    return b ? format_bytes(*b) : std::string("-");
+  };
+  out << "  traffic:\n";
+  std::vector<std::vector<std::string>> rows{{"OP", "GPU->ARENA", "ARENA->GPU", "REDUCED BY DAEMON", "FABRIC SENT"}};
+  for (auto it = by_op->begin(); it != by_op->end(); ++it)
+    rows.push_back({it.key(), bytes(it.value(), "to_host_bytes"), bytes(it.value(), "to_device_bytes"),
+                    bytes(it.value(), "daemon_reduced_bytes"), bytes(it.value(), "fabric_sent_bytes")});
+  out << format_table(rows, "    ");
+  std::vector<std::vector<std::string>> ranks{{"RANK", "GPU->ARENA", "ARENA->GPU"}};
+  for (const json& r : array(traffic, "by_rank")) {
+    if (number(r, "to_host_bytes").value_or(0) == 0 && number(r, "to_device_bytes").value_or(0) == 0) continue;
+    ranks.push_back({text(r, "rank"), bytes(r, "to_host_bytes"), bytes(r, "to_device_bytes")});
+  }
+  if (ranks.size() > 1) out << format_table(ranks, "    ");
+}
 }  // namespace
 
 std::string format_status_text(const json& status) {
@@ -257,6 +279,7 @@ std::string format_status_text(const json& status) {
     out << " kept for reuse\n";
     format_fabric(out, *inter);
   }
+  if (const json* traffic = field(status, "traffic"); traffic && traffic->is_object()) format_traffic(out, *traffic);
   if (const json* dr = field(status, "direct_reads"); dr && dr->is_object() && number(*dr, "chunks").value_or(0) > 0)
     out << "  direct reads:  " << text(*dr, "chunks") << " host chunks copied by the ranks from the members' arenas, "
         << text(*dr, "copies_behind") << " copies behind\n";
@@ -452,6 +475,40 @@ std::string format_prometheus(const std::vector<NodeStatus>& nodes) {
       }
     });
   };
+  // Where the bytes go, by operation type (and rank, for the copies between GPU and arena).
+  auto per_op = [&](std::string_view name, std::string_view help, std::string_view key) {
+    family(name, "counter", help, [&](const NodeStatus& n, const json& s) {
+      const json* traffic = field(s, "traffic");
+      const json* by_op = traffic && traffic->is_object() ? field(*traffic, "by_op") : nullptr;
+      if (by_op == nullptr || !by_op->is_object()) return;
+      for (auto it = by_op->begin(); it != by_op->end(); ++it)
+        if (auto v = number(it.value(), key))
+          out << name << labels(n, "op=\"" + prometheus_escape(it.key()) + "\"") << " " << prometheus_value(*v) << "\n";
+    });
+  };
+  auto per_rank_op = [&](std::string_view name, std::string_view help, std::string_view key) {
+    family(name, "counter", help, [&](const NodeStatus& n, const json& s) {
+      const json* traffic = field(s, "traffic");
+      if (traffic == nullptr || !traffic->is_object()) return;
+      for (const json& r : array(*traffic, "by_rank")) {
+        const json* by_op = field(r, "by_op");
+        if (by_op == nullptr || !by_op->is_object() || field(r, "rank") == nullptr) continue;
+        for (auto it = by_op->begin(); it != by_op->end(); ++it)
+          if (auto v = number(it.value(), key))
+            out << name
+                << labels(n, "rank=\"" + prometheus_escape(text(r, "rank")) + "\",op=\"" + prometheus_escape(it.key()) + "\"")
+                << " " << prometheus_value(*v) << "\n";
+      }
+    });
+  };
+  per_rank_op("smddp_staged_to_host_bytes_total", "Bytes a rank copied from its GPU to its arena, by operation type.",
+              "to_host_bytes");
+  per_rank_op("smddp_staged_to_device_bytes_total", "Bytes a rank copied from its arena to its GPU, by operation type.",
+              "to_device_bytes");
+  per_op("smddp_daemon_reduced_bytes_total", "Bytes the daemon's CPU reductions wrote, by operation type.",
+         "daemon_reduced_bytes");
+  per_op("smddp_fabric_sent_bytes_total", "Bytes the daemon sent on the fabric (descriptors and data), by operation type.",
+         "fabric_sent_bytes");
   per_rank("smddp_rank_pending", "Requests a rank posted that are not complete yet.", "pending");
   per_rank("smddp_rank_last_seq", "The last sequence number a rank posted.", "last_seq_posted");
   return out.str();

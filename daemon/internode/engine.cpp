@@ -105,6 +105,7 @@ void Engine::Ctx::send(int node_index, std::uint64_t sub, const void* buf, std::
   auto& peer = e_.peers_[static_cast<std::size_t>(node)];
   ++op_.outstanding;
   op_.bytes += bytes;
+  e_.fabric_sent_.add(op_.match.posted.front().desc.op, bytes);
   auto keep = op_.shared_from_this();
   e_.transport_->send(peer.transport_index, op_.rails[static_cast<std::size_t>(node_index)],
                       tag(e_.topo_.node_id, node, sub), buf, bytes, region_for(buf, bytes),
@@ -165,6 +166,7 @@ void Engine::Ctx::reduce(ipc::DType dtype, ipc::ReduceOp op, const std::vector<c
   ReduceParams params;
   params.premul_scale = premul_scale;
   const std::size_t e = ipc::dtype_size(dtype);
+  e_.host_reduced_.add(op_.match.posted.front().desc.op, count * e);
   // Below 128 KiB per task splitting costs more than it saves (as in HostExecutor).
   const auto tasks = static_cast<int>(std::clamp<std::uint64_t>(count * e / (128 << 10), 1,
                                                                 static_cast<std::uint64_t>(pool().parallelism())));

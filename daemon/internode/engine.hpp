@@ -38,6 +38,7 @@
 #include "daemon/internode/rail_choice.hpp"
 #include "daemon/internode/staging_pool.hpp"
 #include "daemon/matcher.hpp"
+#include "daemon/traffic.hpp"
 #include "daemon/transport/transport.hpp"
 #include "daemon/worker_pool.hpp"
 #include "ipc/segment.hpp"
@@ -146,6 +147,10 @@ class Engine {
   std::vector<transport::EndpointInfo> endpoint_info() const { return transport_->endpoint_info(); }
   // This node's endpoints and which serves each local slot.
   const RailTable& rails() const noexcept { return my_rails_; }
+  // Bytes this node sent on the fabric (descriptors and data) and reduced on its CPU for
+  // operations across nodes, by operation type.
+  const BytesByOp& fabric_sent() const noexcept { return fabric_sent_; }
+  const BytesByOp& host_reduced() const noexcept { return host_reduced_; }
 
   // For algorithms (daemon/internode/*.cpp).
   struct Ctx;
@@ -207,6 +212,8 @@ class Engine {
   StagingPool staging_;
   Options options_;
   RailTable my_rails_;
+  BytesByOp fabric_sent_;
+  BytesByOp host_reduced_;
   std::vector<Peer> peers_;  // indexed by node id
   std::deque<std::shared_ptr<Op>> ops_;
   std::optional<PeerFailure> peer_failure_;

@@ -132,6 +132,21 @@ TEST(HostExecutor, ReduceScatterGivesEachRankItsReducedBlock) {
   }
 }
 
+// The operator's counter: bytes the reductions wrote, under the operation's type; copies add none.
+TEST(HostExecutor, CountsTheBytesItReducesByOperationType) {
+  const int n = 2;
+  const std::uint64_t c = 16;
+  Node node(n, 1);
+  std::uint64_t bytes = 0;
+  ASSERT_FALSE(node.run(node.match(desc(OpType::AllReduce, DType::Float32, c), c * 4, c * 4), bytes));
+  ASSERT_FALSE(node.run(node.match(desc(OpType::ReduceScatter, DType::Float32, c), c * n * 4, c * 4), bytes));
+  ASSERT_FALSE(node.run(node.match(desc(OpType::Broadcast, DType::Float32, c), c * 4, c * 4), bytes));
+  const auto& r = node.executor().reduced();
+  EXPECT_EQ(r[OpType::AllReduce], c * 4);
+  EXPECT_EQ(r[OpType::ReduceScatter], c * 4 * n);
+  EXPECT_EQ(r[OpType::Broadcast], 0u);
+}
+
 TEST(HostExecutor, BroadcastCopiesTheRootsInputEverywhere) {
   const int n = 4;
   const std::uint64_t c = 33;

@@ -59,6 +59,15 @@ def test_every_collective_over_four_fabric_endpoints_per_node(job):
         received = [int(x) for x in re.findall(r"(\d+) received", text)]
         assert len(sent) == 4 and all(b > (1 << 20) for b in sent), f"node {node}: {text}"
         assert len(received) == 4 and all(b > (1 << 20) for b in received), f"node {node}: {text}"
+    # The daemons' traffic counters: every node sent AllReduce and AllGather bytes on the fabric
+    # and reduced AllReduce bytes on its CPU; an AllGather reduces nothing.
+    traffic = {(n, op): (int(red), int(sent)) for n, op, red, sent in re.findall(
+        r"node (\d)\] info: traffic (\w+): \d+ bytes GPU to arena, \d+ arena to GPU, (\d+) reduced by the daemon, "
+        r"(\d+) sent on the fabric", r.stdout)}
+    for node in ("0", "1"):
+        assert traffic[(node, "allreduce")][0] > (16 << 20) // 2, traffic
+        assert traffic[(node, "allreduce")][1] > (16 << 20) // 2, traffic
+        assert traffic[(node, "allgather")][0] == 0 and traffic[(node, "allgather")][1] > (16 << 20) // 2, traffic
 
 
 @pytest.mark.skipif(os.environ.get("SMDDP_LONG_TESTS") != "1",

@@ -217,6 +217,43 @@ TEST(Text, FabricEndpointsShowTheirDevicesAndBytes) {
   EXPECT_EQ(prometheus_problems(format_prometheus({{"j1", 0, s}})), std::vector<std::string>{});
 }
 
+// Where the bytes go: GPU<->arena copies by op and rank, the daemon's reductions, fabric sends.
+TEST(Text, TrafficShowsBytesByOpAndRank) {
+  auto s = full_status();
+  s["traffic"] = json::parse(R"({"by_op":{
+      "allreduce":{"to_host_bytes":33554432,"to_device_bytes":33554432,"daemon_reduced_bytes":16777216,
+                   "fabric_sent_bytes":8389632},
+      "broadcast":{"to_host_bytes":0,"to_device_bytes":0,"daemon_reduced_bytes":0,"fabric_sent_bytes":512}},
+    "by_rank":[{"rank":0,"to_host_bytes":33554432,"to_device_bytes":33554432,
+                "by_op":{"allreduce":{"to_host_bytes":33554432,"to_device_bytes":33554432}}},
+               {"rank":1,"to_host_bytes":0,"to_device_bytes":0,"by_op":{}}]})");
+  const auto text = format_status_text(s);
+  EXPECT_TRUE(contains(text, "  traffic:\n")) << text;
+  EXPECT_TRUE(contains(text, "REDUCED BY DAEMON")) << text;
+  EXPECT_TRUE(contains(text, "32.0 MiB (33554432 B)")) << text;
+  EXPECT_TRUE(contains(text, "16.0 MiB (16777216 B)")) << text;
+  EXPECT_TRUE(contains(text, "512 B")) << text;
+  // A rank that copied nothing gets no row of its own.
+  EXPECT_FALSE(std::regex_search(text, std::regex(R"(\n +1 +0 B)"))) << text;
+  const std::string p = format_prometheus({{"j1", 0, s}});
+  EXPECT_EQ(prometheus_problems(p), std::vector<std::string>{}) << p;
+  for (const char* want : {
+           "smddp_staged_to_host_bytes_total{job=\"j1\",node=\"0\",rank=\"0\",op=\"allreduce\"} 33554432\n",
+           "smddp_staged_to_device_bytes_total{job=\"j1\",node=\"0\",rank=\"0\",op=\"allreduce\"} 33554432\n",
+           "smddp_daemon_reduced_bytes_total{job=\"j1\",node=\"0\",op=\"allreduce\"} 16777216\n",
+           "smddp_fabric_sent_bytes_total{job=\"j1\",node=\"0\",op=\"allreduce\"} 8389632\n",
+           "smddp_fabric_sent_bytes_total{job=\"j1\",node=\"0\",op=\"broadcast\"} 512\n",
+           "# TYPE smddp_fabric_sent_bytes_total counter\n",
+       })
+    EXPECT_TRUE(contains(p, want)) << "missing '" << want << "' in\n" << p;
+  // No traffic yet (or an older daemon): no block, and the metrics stay well formed.
+  s.erase("traffic");
+  EXPECT_FALSE(contains(format_status_text(s), "traffic:")) << format_status_text(s);
+  s["traffic"] = json::parse(R"({"by_op":{},"by_rank":[]})");
+  EXPECT_FALSE(contains(format_status_text(s), "traffic:")) << format_status_text(s);
+  EXPECT_EQ(prometheus_problems(format_prometheus({{"j1", 0, s}})), std::vector<std::string>{});
+}
+
 TEST(Text, DirectReadsShowChunksAndCopiesBehind) {
   auto s = full_status();
   s["direct_reads"] = json::parse(R"({"chunks":120,"copies_behind":2})");

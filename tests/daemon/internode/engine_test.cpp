@@ -39,6 +39,31 @@ TEST_P(EngineTest, AllReduceSumsEveryRankOfEveryNode) {
   }
 }
 
+// The operator's counters: what each node reduced on its CPU and sent on the fabric, under the
+// operation's type. 2 nodes x 2 ranks, N bytes a rank: the node's sum (N) and its half of the
+// chunk across nodes (N/2) are reduced; half the chunk goes out in each of the two steps, plus
+// the descriptors.
+TEST_P(EngineTest, CountsTheBytesItReducesAndSendsByOperationType) {
+  constexpr std::uint64_t n = 64 << 10;  // 256 KiB a rank: above the eager exchange
+  constexpr std::uint64_t N = n * 4;
+  static_assert(kRanks == 2);
+  for (int i = 0; i < 2; ++i)
+    for (int s = 0; s < kRanks; ++s)
+      for (std::uint64_t k = 0; k < n; ++k) nodes[i]->in(s)[k] = 1.0f;
+  for (int i = 0; i < 2; ++i) nodes[i]->engine->start(nodes[i]->match(desc(OpType::AllReduce, n), i, N, N), Clock::now());
+  auto done = drive();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(done[i].size(), 1u);
+    ASSERT_EQ(done[i][0].match.status, ipc::Status::Ok) << done[i][0].match.error;
+    const Engine& e = *nodes[i]->engine;
+    EXPECT_EQ(e.host_reduced()[OpType::AllReduce], N + N / 2) << "node " << i;
+    EXPECT_GE(e.fabric_sent()[OpType::AllReduce], N) << "node " << i;
+    EXPECT_LE(e.fabric_sent()[OpType::AllReduce], N + 4 * sizeof(ipc::RequestDesc)) << "node " << i;
+    EXPECT_EQ(e.fabric_sent()[OpType::AllGather], 0u);
+    EXPECT_EQ(e.host_reduced()[OpType::AllGather], 0u);
+  }
+}
+
 // The staging buffers of one operation are reused by the next ones (StagingPool): what an
 // earlier operation received must never show in a later one's result, and operations in flight
 // together never share one.
