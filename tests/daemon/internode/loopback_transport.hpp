@@ -28,11 +28,17 @@ class LoopbackFabric : public std::enable_shared_from_this<LoopbackFabric> {
   std::deque<Pending> sends;
   std::vector<std::deque<std::pair<Completion, Status>>> completions;  // by endpoint
   std::vector<std::deque<Pending>> recvs;                               // by endpoint
+  std::vector<char> broken;                                             // by endpoint
   int add_endpoint() {
     completions.emplace_back();
     recvs.emplace_back();
+    broken.push_back(0);
     return static_cast<int>(completions.size()) - 1;
   }
+  // As a node whose network fails (its process gone, its link down): from the endpoints' next
+  // progress() on, its own messages fail and sends to it fail; receives from it wait, as they
+  // do on a real fabric, until the engine gives up on the peer (fail_peer).
+  void break_endpoint(int e) { broken.at(static_cast<std::size_t>(e)) = 1; }
 };
 
 class LoopbackTransport final : public Transport {
@@ -86,6 +92,7 @@ class LoopbackTransport final : public Transport {
   }
   std::size_t progress() override {
     std::size_t n = 0;
+    fail_broken();
     // Match sends addressed to us, in posting order, with our receives, in posting order.
     auto& rs = f_->recvs[static_cast<std::size_t>(me_)];
     for (auto s = f_->sends.begin(); s != f_->sends.end();) {
@@ -120,6 +127,23 @@ class LoopbackTransport final : public Transport {
   std::string describe() const override { return "loopback (tests)"; }
 
  private:
+  bool broken(int e) const { return f_->broken[static_cast<std::size_t>(e)] != 0; }
+  void fail_broken() {
+    auto& mine = f_->completions[static_cast<std::size_t>(me_)];
+    for (auto s = f_->sends.begin(); s != f_->sends.end();) {
+      if (s->src == me_ && (broken(me_) || broken(s->dst))) {
+        mine.push_back({std::move(s->done), Status::failure("loopback endpoint " + std::to_string(broken(me_) ? me_ : s->dst) +
+                                                            " failed")});
+        s = f_->sends.erase(s);
+      } else {
+        ++s;
+      }
+    }
+    if (!broken(me_)) return;
+    auto& rs = f_->recvs[static_cast<std::size_t>(me_)];
+    for (auto& r : rs) mine.push_back({std::move(r.done), Status::failure("loopback endpoint " + std::to_string(me_) + " failed")});
+    rs.clear();
+  }
   void note(const void* buf, std::size_t bytes, const MemoryRegion* region) {
     if (region != nullptr && !region->contains(buf, bytes))
       throw std::invalid_argument("loopback: buffer lies outside its memory region");
