@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/internode/tuner.hpp"
+
 namespace smddp::daemon {
 
 struct DaemonConfig {
@@ -27,6 +29,9 @@ struct DaemonConfig {
   std::string fabric_interface = "lo";
   std::size_t fabric_max_inflight = 64;  // sends posted to the provider at once
   std::size_t fabric_max_message = 0;    // largest provider message (bytes); 0: the provider's
+  // How collectives move among the nodes: Auto lets the tuner choose per chunk
+  // (daemon/internode/tuner.hpp); Direct or Ring force one (tests, benchmarks).
+  internode::Algorithm fabric_algorithm = internode::Algorithm::Auto;
 
   // Reads `path` (may be empty: defaults), then applies `overrides` ("section.key=value").
   // Throws std::invalid_argument naming the bad key or value.
