@@ -72,7 +72,7 @@ const std::map<std::string, Setter>& keys() {
       {"fabric.algorithm",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          const auto a = internode::parse_algorithm(v);
-         if (!a) throw std::invalid_argument(key + " = '" + v + "' is not one of auto, direct, ring");
+         if (!a) throw std::invalid_argument(key + " = '" + v + "' is not one of auto, direct, ring, halving");
          c.fabric_algorithm = *a;
        }},
       {"fabric.max_message_kib",

@@ -30,7 +30,7 @@ struct DaemonConfig {
   std::size_t fabric_max_inflight = 64;  // sends posted to the provider at once
   std::size_t fabric_max_message = 0;    // largest provider message (bytes); 0: the provider's
   // How collectives move among the nodes: Auto lets the tuner choose per chunk
-  // (daemon/internode/tuner.hpp); Direct or Ring force one (tests, benchmarks).
+  // (daemon/internode/tuner.hpp); Direct, Ring or Halving force one (tests, benchmarks).
   internode::Algorithm fabric_algorithm = internode::Algorithm::Auto;
 
   // Reads `path` (may be empty: defaults), then applies `overrides` ("section.key=value").

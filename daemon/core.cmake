@@ -19,6 +19,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/internode/tuner.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/segments.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/ring.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/halving_doubling.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/allreduce_by_segments.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/reduce_scatter_by_segments.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/allgather_by_segments.cpp)

@@ -1,4 +1,4 @@
-// AllGather by node segments (a ring, as op.algorithm says): the blocks
+// AllGather by node segments (a ring or recursive doubling, as op.algorithm says): the blocks
 // ordered by node, each node's ranks' blocks being its segment, gathered where every rank's
 // output holds them in group-rank order: straight in the first local rank's output when the
 // nodes hold consecutive group ranks (the usual case), else in staging, placed at the end.
@@ -27,7 +27,7 @@ bool allgather_by_segments_step(Engine::Ctx& c) {
   const SegmentPlan& plan = *op.plan;
   step -= 1;
   if (step < all_gather_steps(op.algorithm, node_count(op))) {
-    all_gather_step(c, op.algorithm, plan.ag, step);
+    all_gather_step(c, op.algorithm, plan.ag, true, step);
     return false;
   }
   std::byte* out = c.out(first);

@@ -1,4 +1,5 @@
-// AllReduce and Reduce by node segments (a ring, as op.algorithm says): reduce the node's ranks, a reduce-scatter among the nodes leaves each node its segment
+// AllReduce and Reduce by node segments (a ring or recursive halving/doubling, as op.algorithm
+// says): reduce the node's ranks, a reduce-scatter among the nodes leaves each node its segment
 // (1/P of the chunk) reduced over every node, which it scales (AVG) and rounds; an all-gather then
 // gives every node every segment (Reduce: each node sends its segment to the root's node alone).
 // Each element is reduced at one node only and copied from there: every node gets the same bits.
@@ -45,7 +46,7 @@ SegmentPlan plan_allreduce(Engine::Ctx& c) {
     rs.src = contribution;
     rs.out = plan.result;
   }
-  const std::uint64_t most = largest_receive(op.algorithm, rs.lo) * ipc::dtype_size(rs.dtype);
+  const std::uint64_t most = largest_receive(op.algorithm, rs.lo, op.me) * ipc::dtype_size(rs.dtype);
   for (auto& r : rs.received) r = c.buffer(most);
   plan.ag = {rs.lo, e, plan.result};
   return plan;
@@ -94,7 +95,7 @@ bool allreduce_by_segments_step(Engine::Ctx& c) {
     return true;
   }
   if (step < all_gather_steps(op.algorithm, P)) {
-    all_gather_step(c, op.algorithm, plan.ag, step);
+    all_gather_step(c, op.algorithm, plan.ag, false, step);
     return false;
   }
   for (int g = c.first_local() + 1; g < op.size(); ++g)

@@ -653,7 +653,7 @@ bool Engine::advance(Op& op, Clock::time_point now) {
     return true;
   }
   // Run algorithm steps until one posts messages or the op is done.
-  const bool by_segments = op.algorithm == Algorithm::Ring;
+  const bool by_segments = op.algorithm == Algorithm::Ring || op.algorithm == Algorithm::Halving;
   for (;;) {
     ++op.phase;
     bool done = false;

@@ -50,7 +50,7 @@ struct Op : std::enable_shared_from_this<Op> {
   // How this chunk moves among the nodes (tuner.hpp): chosen alike on every node, and sent with
   // the descriptors in their `reserved0` byte (the ranks leave it 0) so that the nodes check it.
   Algorithm algorithm = Algorithm::Direct;
-  std::shared_ptr<SegmentPlan> plan;  // Ring: its data between steps
+  std::shared_ptr<SegmentPlan> plan;  // Ring and Halving: their data between steps
 
   const ipc::RequestDesc& d0() const { return descs.front(); }
   int size() const { return comm->size(); }
@@ -110,7 +110,8 @@ inline ipc::ReduceOp global_reduce_op(ipc::ReduceOp op) {
 // The algorithms: called with op.phase = 1, 2, ... each time the previous step's messages
 // have all completed. Post the step's messages and return false, or return true when done.
 bool allreduce_step(Engine::Ctx& c);       // AllReduce and Reduce: reduce-scatter + all-gather
-// The same collectives by node segments, moved by a ring (op.algorithm; segments.hpp).
+// The same collectives by node segments, moved by a ring or recursive halving/doubling
+// (op.algorithm; segments.hpp).
 bool allreduce_by_segments_step(Engine::Ctx& c);  // AllReduce and Reduce
 bool reduce_scatter_by_segments_step(Engine::Ctx& c);
 bool allgather_by_segments_step(Engine::Ctx& c);

@@ -1,4 +1,4 @@
-// ReduceScatter by node segments (a ring, as op.algorithm says):
+// ReduceScatter by node segments (a ring or recursive halving/doubling, as op.algorithm says):
 // reduce the node's ranks over every block, with the blocks ordered by node so that each node's
 // ranks' blocks form its segment; a reduce-scatter among the nodes leaves each node its segment
 // reduced over every node; scale (AVG), round, and copy each block to its rank's output.
@@ -45,7 +45,7 @@ SegmentPlan plan_reduce_scatter(Engine::Ctx& c) {
   } else {
     rs.src = rs.out = plan.result;
   }
-  const std::uint64_t most = largest_receive(op.algorithm, rs.lo) * ipc::dtype_size(rs.dtype);
+  const std::uint64_t most = largest_receive(op.algorithm, rs.lo, op.me) * ipc::dtype_size(rs.dtype);
   for (auto& r : rs.received) r = c.buffer(most);
   return plan;
 }
@@ -71,6 +71,10 @@ bool reduce_scatter_by_segments_step(Engine::Ctx& c) {
   step -= reduce_scatter_steps(op.algorithm, P);
   if (step == 0) {
     finish_result(c, plan, d.dtype, d.reduce_op, reduce_scatter_result(op.algorithm, plan.rs.lo, op.me));
+    return false;
+  }
+  if (step == 1) {
+    hand_over_segments(c, op.algorithm, plan.rs.lo, plan.result, e);
     return false;
   }
   const std::uint64_t cb = d.chunk_count * e;

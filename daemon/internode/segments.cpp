@@ -1,4 +1,4 @@
-// What the segment schedules share, and the choice among them.
+// What the ring and halving/doubling schedules share, and the choice between them.
 #include "daemon/internode/segments.hpp"
 
 #include <algorithm>
@@ -19,32 +19,47 @@ namespace {
 
 int reduce_scatter_steps(Algorithm a, int nodes) {
   if (a == Algorithm::Ring) return nodes;
+  if (a == Algorithm::Halving) return Fold(nodes).exchanges() + 2;
   no_schedule(a);
 }
 
 void reduce_scatter_step(Engine::Ctx& c, Algorithm a, const ReduceScatterData& d, int step) {
   if (a == Algorithm::Ring) return ring_reduce_scatter(c, d, step);
+  if (a == Algorithm::Halving) return halving_reduce_scatter(c, d, step);
   no_schedule(a);
 }
 
 Range reduce_scatter_result(Algorithm a, const std::vector<std::uint64_t>& lo, int node) {
   if (a == Algorithm::Ring) return segment(lo, node);
+  if (a == Algorithm::Halving) return halving_result(lo, node);
   no_schedule(a);
 }
 
-std::uint64_t largest_receive(Algorithm a, const std::vector<std::uint64_t>& lo) {
+std::uint64_t largest_receive(Algorithm a, const std::vector<std::uint64_t>& lo, int node) {
   if (a == Algorithm::Ring) return ring_largest_receive(lo);
+  if (a == Algorithm::Halving) return halving_largest_receive(lo, node);
   no_schedule(a);
 }
 
 int all_gather_steps(Algorithm a, int nodes) {
   if (a == Algorithm::Ring) return nodes - 1;
+  if (a == Algorithm::Halving) return Fold(nodes).exchanges() + 2;
   no_schedule(a);
 }
 
-void all_gather_step(Engine::Ctx& c, Algorithm a, const AllGatherData& d, int step) {
+void all_gather_step(Engine::Ctx& c, Algorithm a, const AllGatherData& d, bool from_segments, int step) {
   if (a == Algorithm::Ring) return ring_all_gather(c, d, step);
+  if (a == Algorithm::Halving) return doubling_all_gather(c, d, from_segments, step);
   no_schedule(a);
+}
+
+void hand_over_segments(Engine::Ctx& c, Algorithm a, const std::vector<std::uint64_t>& lo, std::byte* buf,
+                        std::uint64_t element) {
+  if (a != Algorithm::Halving) return;  // a ring leaves every node its own segment
+  const Fold fold(node_count(c.op()));
+  const int me = c.op().me;
+  if (fold.took_fold(me)) send_range(c, me - 1, buf, segment(lo, me - 1), element);
+  if (fold.index_of(me) < 0) recv_range(c, me + 1, buf, segment(lo, me), element);
 }
 
 int node_count(const Op& op) { return static_cast<int>(op.nodes.size()); }

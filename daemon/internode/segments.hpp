@@ -1,9 +1,9 @@
 // Collectives run by node segments: a chunk is cut into one segment per node (node j's:
 // elements [lo[j], lo[j + 1])); a reduce-scatter among the nodes leaves each node its segment
-// reduced over every node, an all-gather gives every node every segment. A ring moves the
-// segments (ring.cpp) where the tuner chooses it (tuner.hpp). The collectives built on it:
-// allreduce_by_segments.cpp (AllReduce, Reduce), reduce_scatter_by_segments.cpp,
-// allgather_by_segments.cpp.
+// reduced over every node, an all-gather gives every node every segment. Two schedules move the
+// segments, chosen by the tuner (tuner.hpp): a ring (ring.cpp) and recursive halving/doubling
+// (halving_doubling.cpp). The collectives built on them: allreduce_by_segments.cpp (AllReduce,
+// Reduce), reduce_scatter_by_segments.cpp, allgather_by_segments.cpp.
 //
 // A schedule's steps are engine phases: step s posts its messages, and the engine calls step
 // s + 1 once they all completed (a step that posts nothing is followed at once). Every node runs
@@ -60,20 +60,48 @@ struct SegmentPlan {
   bool places_in_rank_order = true;  // place[g] == g for every g
 };
 
-// The schedules (Algorithm::Ring).
+// The schedules (Algorithm::Ring or Algorithm::Halving).
 int reduce_scatter_steps(Algorithm a, int nodes);
 void reduce_scatter_step(Engine::Ctx& c, Algorithm a, const ReduceScatterData& d, int step);
-// What node `node` holds reduced after the reduce-scatter: its segment.
+// What node `node` holds reduced after the reduce-scatter: its segment; under halving a node
+// that folded holds nothing and its partner holds both their segments.
 Range reduce_scatter_result(Algorithm a, const std::vector<std::uint64_t>& lo, int node);
-// Elements the largest message a node receives in the reduce-scatter holds.
-std::uint64_t largest_receive(Algorithm a, const std::vector<std::uint64_t>& lo);
+// Elements the largest message this node receives in the reduce-scatter holds.
+std::uint64_t largest_receive(Algorithm a, const std::vector<std::uint64_t>& lo, int node);
 int all_gather_steps(Algorithm a, int nodes);
-// Every node starts with its reduce_scatter_result (AllReduce), or its own segment (AllGather).
-void all_gather_step(Engine::Ctx& c, Algorithm a, const AllGatherData& d, int step);
+// `from_segments`: every node starts with its own segment (AllGather); otherwise with its
+// reduce_scatter_result (AllReduce).
+void all_gather_step(Engine::Ctx& c, Algorithm a, const AllGatherData& d, bool from_segments, int step);
+// After a reduce-scatter: a node that holds another's segment (halving's folded pairs) sends it
+// there, into `buf` at the segment's place (elements of `element` bytes). One step.
+void hand_over_segments(Engine::Ctx& c, Algorithm a, const std::vector<std::uint64_t>& lo, std::byte* buf,
+                        std::uint64_t element);
 
 void ring_reduce_scatter(Engine::Ctx& c, const ReduceScatterData& d, int step);  // P steps
 void ring_all_gather(Engine::Ctx& c, const AllGatherData& d, int step);          // P - 1 steps
 std::uint64_t ring_largest_receive(const std::vector<std::uint64_t>& lo);
+
+// Recursive halving/doubling, with the nodes above the largest power of two folded in pairs.
+class Fold {
+ public:
+  explicit Fold(int nodes);
+  int exchanges() const { return log2_; }       // log2 of the nodes that exchange
+  int exchanging() const { return exchanging_; }  // the largest power of two <= P
+  // Index among the exchanging nodes, or -1 for a node that folded into the next one.
+  int index_of(int node) const { return node < 2 * extra_ ? (node % 2 ? node / 2 : -1) : node - extra_; }
+  int node_of(int index) const { return index < extra_ ? 2 * index + 1 : index + extra_; }
+  // Took a folded node's data in (odd nodes below 2 * extra).
+  bool took_fold(int node) const { return node < 2 * extra_ && node % 2 == 1; }
+  // Exchanging node `index` stands for segments [first_segment(index), first_segment(index + 1)).
+  int first_segment(int index) const { return index < extra_ ? 2 * index : index + extra_; }
+
+ private:
+  int exchanging_ = 1, extra_ = 0, log2_ = 0;
+};
+void halving_reduce_scatter(Engine::Ctx& c, const ReduceScatterData& d, int step);  // log2 P2 + 2 steps
+void doubling_all_gather(Engine::Ctx& c, const AllGatherData& d, bool from_segments, int step);  // log2 P2 + 2
+Range halving_result(const std::vector<std::uint64_t>& lo, int node);
+std::uint64_t halving_largest_receive(const std::vector<std::uint64_t>& lo, int node);
 
 // Helpers for the schedules and collectives (segments.cpp).
 int node_count(const Op& op);

@@ -18,13 +18,16 @@ enum class Algorithm : std::uint8_t {
   Eager = 1,    // the data travels with the descriptors: one exchange (eager.cpp)
   Direct = 2,   // every node with every other at once: 1 round per phase, P-1 messages per node
   Ring = 3,     // around a ring: P-1 rounds per phase, 1 message of 1/P each (ring.cpp)
+  Halving = 4,  // recursive halving then doubling: log2 P rounds per phase, +1 each where P is not
+                // a power of two (halving_doubling.cpp)
 };
 
 std::string_view to_string(Algorithm a) noexcept;
-// "auto", "direct" or "ring" (what fabric.algorithm takes); nullopt otherwise.
+// "auto", "direct", "ring" or "halving" (what fabric.algorithm takes); nullopt otherwise.
 std::optional<Algorithm> parse_algorithm(std::string_view name) noexcept;
 
-// The collectives that have a ring form: AllReduce, Reduce, ReduceScatter, AllGather. The others always run directly (or eagerly).
+// The collectives that have ring and halving/doubling forms: AllReduce, Reduce, ReduceScatter,
+// AllGather. The others always run directly (or eagerly).
 bool runs_by_segments(ipc::OpType op) noexcept;
 
 // Thresholds of the automatic choice (tuner.cpp says how they were chosen).

@@ -95,8 +95,9 @@ TEST(DaemonConfig, AlgorithmAcrossNodesIsAutoOrForced) {
   EXPECT_EQ(DaemonConfig::load("", {}).fabric_algorithm, Algorithm::Auto);
   EXPECT_EQ(DaemonConfig::load("", {"fabric.algorithm=direct"}).fabric_algorithm, Algorithm::Direct);
   EXPECT_EQ(DaemonConfig::load("", {"fabric.algorithm=ring"}).fabric_algorithm, Algorithm::Ring);
+  EXPECT_EQ(DaemonConfig::load("", {"fabric.algorithm=halving"}).fabric_algorithm, Algorithm::Halving);
   EXPECT_EQ(DaemonConfig::load("", {"fabric.algorithm=auto"}).fabric_algorithm, Algorithm::Auto);
-  expect_invalid("", {"fabric.algorithm=tree"}, {"fabric.algorithm", "tree", "auto, direct, ring"});
+  expect_invalid("", {"fabric.algorithm=tree"}, {"fabric.algorithm", "tree", "auto, direct, ring, halving"});
   expect_invalid("", {"fabric.algorithm=eager"}, {"fabric.algorithm", "eager"});
 }
 

@@ -1,4 +1,4 @@
-// The algorithms across nodes (direct, ring, and the tuner's choice):
+// The algorithms across nodes (direct, ring, recursive halving/doubling, and the tuner's choice):
 // P engines in one process, each a "node" with its own segment, worker pool and transport
 // endpoint (the in-process loopback; tcp;ofi_rxm on loopback for some cases where libfabric is
 // built). Operations are cut into chunks as the client cuts them and every chunk is in flight at
@@ -402,7 +402,7 @@ TEST_P(AlgorithmsTest, AllGatherGivesEveryRankEveryBlock) {
 }
 
 TEST_P(AlgorithmsTest, ReduceGivesTheRootTheReference) {
-  // The root on the last node, then in the middle.
+  // The root on the last node, then in the middle (under halving, maybe a node that folded).
   for (int root : {cluster.group_size() - 1, cluster.group_size() / 2}) {
     check_sizes(OpType::Reduce,
                 {{DType::Float32, ReduceOp::Sum}, {DType::BFloat16, ReduceOp::Avg}, {DType::Int64, ReduceOp::Max}},
@@ -411,8 +411,8 @@ TEST_P(AlgorithmsTest, ReduceGivesTheRootTheReference) {
   }
 }
 
-// Values whose sum depends on the order of addition: the nodes add in different orders around a
-// ring, yet every rank must get the same bits (each element is reduced at one node,
+// Values whose sum depends on the order of addition: the nodes add in different orders under a
+// ring or halving, yet every rank must get the same bits (each element is reduced at one node,
 // then copied), close to the exact sum.
 TEST_P(AlgorithmsTest, FloatSumsAgreeBitForBitOnEveryNode) {
   const auto value = [](int g, std::uint64_t i) {
@@ -464,7 +464,7 @@ std::vector<Shape> every_shape() {
   std::vector<Shape> out;
   for (int nodes : {2, 3, 4, 5, 7, 8})
     for (int ranks : {1, 2})
-      for (Algorithm a : {Algorithm::Direct, Algorithm::Ring, Algorithm::Auto}) out.push_back({nodes, ranks, a});
+      for (Algorithm a : {Algorithm::Direct, Algorithm::Ring, Algorithm::Halving, Algorithm::Auto}) out.push_back({nodes, ranks, a});
   return out;
 }
 INSTANTIATE_TEST_SUITE_P(Loopback, AlgorithmsTest, ::testing::ValuesIn(every_shape()), shape_name);
@@ -473,7 +473,8 @@ INSTANTIATE_TEST_SUITE_P(Loopback, AlgorithmsTest, ::testing::ValuesIn(every_sha
 // A real provider: tcp;ofi_rxm over the loopback interface, its rendezvous protocol for large
 // messages, its own order of completions.
 INSTANTIATE_TEST_SUITE_P(Tcp, AlgorithmsTest,
-                         ::testing::Values(Shape{3, 2, Algorithm::Ring, Net::Fabric}, Shape{8, 1, Algorithm::Ring, Net::Fabric},
+                         ::testing::Values(Shape{3, 2, Algorithm::Ring, Net::Fabric}, Shape{3, 2, Algorithm::Halving, Net::Fabric},
+                                           Shape{8, 1, Algorithm::Ring, Net::Fabric}, Shape{8, 1, Algorithm::Halving, Net::Fabric},
                                            Shape{5, 1, Algorithm::Auto, Net::Fabric}),
                          shape_name);
 #endif
@@ -483,7 +484,7 @@ INSTANTIATE_TEST_SUITE_P(Tcp, AlgorithmsTest,
 // A group whose ranks interleave the nodes (group rank g on node g % P): a node's blocks are not
 // consecutive in the output, and the algorithms order them by node, then place them.
 TEST(Algorithms, GroupsWhoseRanksInterleaveTheNodesPlaceEveryBlock) {
-  for (Algorithm a : {Algorithm::Ring, Algorithm::Direct}) {
+  for (Algorithm a : {Algorithm::Ring, Algorithm::Halving, Algorithm::Direct}) {
     for (int nodes : {3, 5}) {
       std::vector<int> group;
       for (int s = 0; s < 2; ++s)
@@ -501,11 +502,11 @@ TEST(Algorithms, GroupsWhoseRanksInterleaveTheNodesPlaceEveryBlock) {
   }
 }
 
-// A node whose network fails in the middle of a ring: every node's
+// A node whose network fails in the middle of a ring or of the exchanges: every node's
 // operation fails, naming that node, within seconds: its neighbours see their messages to it
 // fail, the others hear no more heartbeats from it and fail what they run (as the daemon does).
 TEST(Algorithms, ANodeThatFailsMidOperationFailsItOnEveryNode) {
-  for (Algorithm a : {Algorithm::Ring}) {
+  for (Algorithm a : {Algorithm::Ring, Algorithm::Halving}) {
     SCOPED_TRACE(to_string(a));
     Engine::Options o;
     o.heartbeat_every = std::chrono::milliseconds(50);
@@ -536,7 +537,7 @@ TEST(Algorithms, ANodeThatFailsMidOperationFailsItOnEveryNode) {
 // The choice travels with the descriptors: nodes whose settings make them choose differently
 // fail the chunk naming both choices, instead of exchanging messages that do not fit.
 TEST(Algorithms, NodesThatChooseDifferentAlgorithmsFailNamingBoth) {
-  Cluster cluster(3, 1, {Algorithm::Ring, Algorithm::Direct, Algorithm::Ring}, Net::Loopback);
+  Cluster cluster(3, 1, {Algorithm::Ring, Algorithm::Halving, Algorithm::Ring}, Net::Loopback);
   const Call call{OpType::AllReduce, DType::Float32, ReduceOp::Sum, 5000};
   Collective run(cluster, call, 1, whole_value);
   auto done = cluster.drive(run.chunks(), std::chrono::seconds(20));
@@ -547,7 +548,7 @@ TEST(Algorithms, NodesThatChooseDifferentAlgorithmsFailNamingBoth) {
       EXPECT_TRUE(f.mismatch);
       EXPECT_NE(f.match.error.find("nodes chose different algorithms for allreduce(float32, count=5000"), std::string::npos)
           << f.match.error;
-      EXPECT_NE(f.match.error.find("node 0 ring, node 1 direct"), std::string::npos) << f.match.error;
+      EXPECT_NE(f.match.error.find("node 0 ring, node 1 halving"), std::string::npos) << f.match.error;
     }
   }
 }
@@ -560,7 +561,7 @@ TEST(Tuner, ChoosesByNodesAndChunkBytes) {
   EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 8, 8, true), Algorithm::Eager);
   EXPECT_EQ(choose_algorithm(Algorithm::Ring, d, 8, 8, true), Algorithm::Ring) << "forced: small data too";
   EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 4, kDirectMaxNodes, false), Algorithm::Direct);
-  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 5, kDirectMaxNodes + 1, false), Algorithm::Direct);
+  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 5, kDirectMaxNodes + 1, false), Algorithm::Halving);
   d.chunk_count = kRingMinBytes / 4;
   EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 5, kDirectMaxNodes + 1, false), Algorithm::Ring);
   EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 4, kDirectMaxNodes, false), Algorithm::Direct);
@@ -568,12 +569,12 @@ TEST(Tuner, ChoosesByNodesAndChunkBytes) {
   d.op = OpType::AllGather;
   d.chunk_count = kRingMinBytes / 4 / 16;
   EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 16, 8, false), Algorithm::Ring);
-  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 8, 8, false), Algorithm::Direct);
+  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 8, 8, false), Algorithm::Halving);
   // Broadcast has no ring: a forced ring leaves it as it was.
   d.op = OpType::Broadcast;
   EXPECT_EQ(choose_algorithm(Algorithm::Ring, d, 16, 8, false), Algorithm::Direct);
   EXPECT_EQ(choose_algorithm(Algorithm::Ring, d, 16, 8, true), Algorithm::Eager);
-  EXPECT_EQ(parse_algorithm("ring"), Algorithm::Ring);
+  EXPECT_EQ(parse_algorithm("halving"), Algorithm::Halving);
   EXPECT_EQ(parse_algorithm("eager"), std::nullopt);
 }
 
