@@ -30,9 +30,11 @@ std::optional<Algorithm> parse_algorithm(std::string_view name) noexcept;
 // AllGather. The others always run directly (or eagerly).
 bool runs_by_segments(ipc::OpType op) noexcept;
 
-// Thresholds of the automatic choice (tuner.cpp says how they were chosen).
-inline constexpr int kDirectMaxNodes = 4;
-inline constexpr std::uint64_t kRingMinBytes = 512ull << 10;
+// Thresholds of the automatic choice (tuner.cpp says how they were chosen): the direct exchange
+// up to kDirectMaxNodes nodes; beyond, a ring where each of its steps moves at least
+// kRingMinSegmentBytes (the chunk's bytes / P), recursive halving/doubling below.
+inline constexpr int kDirectMaxNodes = 8;
+inline constexpr std::uint64_t kRingMinSegmentBytes = 128ull << 10;
 
 // The algorithm for a chunk described by `d` (any member's descriptor), in a group of `ranks`
 // ranks on `nodes` nodes. `eager_fits`: the chunk is small enough for the eager path

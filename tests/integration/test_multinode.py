@@ -56,9 +56,9 @@ def test_every_collective_64_mib_all_dtypes_across_nodes(job, k, provider):
 @pytest.mark.parametrize("algorithm", ["ring", "halving", "auto"])
 def test_every_collective_across_8_nodes_by_algorithm(job, algorithm):
     # 8 daemons, one rank each: the ring's 7 steps, halving's 3 exchanges, and auto's choice
-    # (tiny data eagerly, chunks under 512 KiB by halving, larger ones around the ring). Float32
-    # only, sizes 1, 7 (fewer elements than nodes: empty segments) and 1 MiB + 3 elements (a full
-    # chunk and one of 3 elements), plus the communicator {0, 2} (two nodes).
+    # (at 8 nodes: tiny data eagerly, the rest directly). Float32 only, sizes 1, 7 (fewer elements
+    # than nodes: empty segments) and 1 MiB + 3 elements (a full chunk and one of 3 elements),
+    # plus the communicator {0, 2} (two nodes).
     r = job.run(1, "collective_check", "--sizes", "1,7,262147", "--dtypes", "float32", "--subgroup",
                 extra=(*nodes(8), "--set", f"fabric.algorithm={algorithm}"))
     assert r.returncode == 0, r.stdout[-4000:]

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <ostream>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -193,6 +194,7 @@ struct Call {
   std::uint64_t count;  // AllReduce, Reduce: of the tensor; ReduceScatter, AllGather: of one rank's block
   int root = 0;
   double scale = 0.5;  // PREMUL_SUM
+  std::uint64_t chunk_bytes = kChunkBytes;  // daemon.chunk_kib
 };
 
 std::string describe(const Call& c) {
@@ -205,7 +207,7 @@ std::uint64_t chunk_elements(const Call& c, int n) {
   const std::uint64_t mult = c.op == OpType::Reduce ? 2
                              : (c.op == OpType::AllGather || c.op == OpType::ReduceScatter) ? static_cast<std::uint64_t>(n) + 1
                                                                                           : 1;
-  std::uint64_t chunk = std::max<std::uint64_t>(1, std::min(kChunkBytes, kArena / 4) / (mult * ipc::dtype_size(c.dtype)));
+  std::uint64_t chunk = std::max<std::uint64_t>(1, std::min(c.chunk_bytes, kArena / 4) / (mult * ipc::dtype_size(c.dtype)));
   return chunk > 64 ? chunk / 64 * 64 : chunk;
 }
 
@@ -481,6 +483,31 @@ INSTANTIATE_TEST_SUITE_P(Tcp, AlgorithmsTest,
 
 // ---- the rest
 
+// Beyond kDirectMaxNodes the tuner chooses per chunk: an operation's full chunks may go around
+// the ring while its last, small one goes by halving (10 nodes: two of them fold).
+TEST(Algorithms, AutoChoosesPerChunkAndTheChunksStillAgree) {
+  constexpr int kNodes = kDirectMaxNodes + 2;
+  Cluster cluster(kNodes, 1, {Algorithm::Auto}, Net::Loopback);
+  // Chunks of kNodes segments of kRingMinSegmentBytes (the client cuts Reduce's chunks to half
+  // its budget), then one of a few elements.
+  const std::uint64_t chunk_bytes = kRingMinSegmentBytes * kNodes;
+  for (const auto& [op, count] : {std::pair{OpType::AllReduce, 2 * chunk_bytes / 4 + 3}, std::pair{OpType::Reduce, chunk_bytes / 4 + 5}}) {
+    Call call{op, DType::Float32, ReduceOp::Sum, count, kNodes / 2};
+    call.chunk_bytes = op == OpType::Reduce ? 2 * chunk_bytes : chunk_bytes;
+    std::set<Algorithm> chosen;
+    for (std::uint64_t off = 0; off < count; off += chunk_elements(call, kNodes)) {
+      ipc::RequestDesc d;
+      d.op = op;
+      d.dtype = call.dtype;
+      d.chunk_count = std::min(chunk_elements(call, kNodes), count - off);
+      chosen.insert(choose_algorithm(Algorithm::Auto, d, kNodes, kNodes, false));
+    }
+    ASSERT_EQ(chosen, (std::set<Algorithm>{Algorithm::Ring, Algorithm::Halving})) << "the test no longer mixes them";
+    check_call(cluster, call, op == OpType::AllReduce ? 1 : 2);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 // A group whose ranks interleave the nodes (group rank g on node g % P): a node's blocks are not
 // consecutive in the output, and the algorithms order them by node, then place them.
 TEST(Algorithms, GroupsWhoseRanksInterleaveTheNodesPlaceEveryBlock) {
@@ -562,14 +589,18 @@ TEST(Tuner, ChoosesByNodesAndChunkBytes) {
   EXPECT_EQ(choose_algorithm(Algorithm::Ring, d, 8, 8, true), Algorithm::Ring) << "forced: small data too";
   EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 4, kDirectMaxNodes, false), Algorithm::Direct);
   EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 5, kDirectMaxNodes + 1, false), Algorithm::Halving);
-  d.chunk_count = kRingMinBytes / 4;
-  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 5, kDirectMaxNodes + 1, false), Algorithm::Ring);
-  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 4, kDirectMaxNodes, false), Algorithm::Direct);
+  // The ring once each of its steps moves a segment of kRingMinSegmentBytes.
+  constexpr int kNodes = kDirectMaxNodes + 2;
+  d.chunk_count = kRingMinSegmentBytes / 4 * kNodes;
+  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, kNodes, kNodes, false), Algorithm::Ring);
+  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, kDirectMaxNodes, kDirectMaxNodes, false), Algorithm::Direct);
+  d.chunk_count -= 1;
+  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, kNodes, kNodes, false), Algorithm::Halving);
   // AllGather and ReduceScatter count every rank's block.
   d.op = OpType::AllGather;
-  d.chunk_count = kRingMinBytes / 4 / 16;
-  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 16, 8, false), Algorithm::Ring);
-  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 8, 8, false), Algorithm::Halving);
+  d.chunk_count = kRingMinSegmentBytes / 4 * kNodes / (2 * kNodes);
+  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, 2 * kNodes, kNodes, false), Algorithm::Ring);
+  EXPECT_EQ(choose_algorithm(Algorithm::Auto, d, kNodes, kNodes, false), Algorithm::Halving);
   // Broadcast has no ring: a forced ring leaves it as it was.
   d.op = OpType::Broadcast;
   EXPECT_EQ(choose_algorithm(Algorithm::Ring, d, 16, 8, false), Algorithm::Direct);
