@@ -73,6 +73,12 @@ const std::map<std::string, Setter>& keys() {
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.fabric_max_inflight = static_cast<std::size_t>(parse_int(key, v, 1, 1 << 16));
        }},
+      {"fabric.algorithm",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         const auto a = internode::parse_algorithm(v);
+         if (!a) throw std::invalid_argument(key + " = '" + v + "' is not one of auto, direct, ring, halving");
+         c.fabric_algorithm = *a;
+       }},
       {"fabric.max_message_kib",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.fabric_max_message = static_cast<std::size_t>(parse_int(key, v, 0, 1 << 22)) << 10;

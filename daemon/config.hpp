@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/internode/tuner.hpp"
+
 namespace smddp::daemon {
 
 struct DaemonConfig {
@@ -28,6 +30,9 @@ struct DaemonConfig {
   int fabric_endpoints = 1;              // endpoints ("rails"): one per EFA device on AWS
   std::size_t fabric_max_inflight = 64;  // sends posted to the provider at once, per endpoint
   std::size_t fabric_max_message = 0;    // largest provider message (bytes); 0: the provider's
+  // How collectives move among the nodes: Auto lets the tuner choose per chunk
+  // (daemon/internode/tuner.hpp); Direct, Ring or Halving force one (tests, benchmarks).
+  internode::Algorithm fabric_algorithm = internode::Algorithm::Auto;
 
   // Reads `path` (may be empty: defaults), then applies `overrides` ("section.key=value").
   // Throws std::invalid_argument naming the bad key or value.

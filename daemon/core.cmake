@@ -17,7 +17,14 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/internode/eager.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/reduce_scatter.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/copies.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/internode/alltoall.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/internode/alltoall.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/tuner.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/segments.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/ring.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/halving_doubling.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/allreduce_by_segments.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/reduce_scatter_by_segments.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/allgather_by_segments.cpp)
 target_link_libraries(smddp_daemon_core PUBLIC smddp_ipc smddp_host_reduce smddp_control
   Boost::headers spdlog::spdlog nlohmann_json::nlohmann_json Threads::Threads)
 

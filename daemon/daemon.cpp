@@ -103,6 +103,8 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
   if (internode) {
     internode::Engine::Options o;
     o.default_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config_.collective_timeout);
+    o.algorithm = config_.fabric_algorithm;
+    spdlog::info("algorithms across nodes: {}", internode::to_string(o.algorithm));
     engine_ = std::make_unique<internode::Engine>(std::move(internode->topology), std::move(internode->transport),
                                                   internode->cards, segment_, host_.pool(), o);
     assumed_gpu_ = std::move(internode->gpu_of_slot);

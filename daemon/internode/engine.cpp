@@ -477,10 +477,16 @@ void Engine::start(Match m, Clock::time_point now) {
   trace_step(*op, "started", now);
   if (!admit(*op, {d.comm_id, d.seq, -1, -1})) return;
 
-  // Phase 0: every node sends its members' descriptors to every other node of the group.
+  // Phase 0: every node sends its members' descriptors to every other node of the group, with
+  // how this chunk moves (tuner.hpp) in their reserved byte: judge() checks that all chose alike.
   Ctx c(*this, *op);
+  op->algorithm = choose_algorithm(options_.algorithm, d, n, static_cast<int>(op->nodes.size()), sends_eagerly(c));
   std::vector<ipc::RequestDesc> mine;
-  for (const auto& p : op->match.posted) mine.push_back(p.desc);
+  for (const auto& p : op->match.posted) {
+    mine.push_back(p.desc);
+    mine.back().reserved0 = op->descs[static_cast<std::size_t>(p.group_rank)].reserved0 =
+        static_cast<std::uint8_t>(op->algorithm);
+  }
   std::byte* out = c.buffer(mine.size() * sizeof(ipc::RequestDesc));
   std::memcpy(out, mine.data(), mine.size() * sizeof(ipc::RequestDesc));
   for (int j = 0; j < static_cast<int>(op->nodes.size()); ++j) {
@@ -497,7 +503,7 @@ void Engine::start(Match m, Clock::time_point now) {
     post_descriptor_recv(op, j, c.buffer(bytes), bytes);
   }
   // Small operations send their data now too (eager.cpp): one exchange instead of two or three.
-  if (sends_eagerly(c)) {
+  if (op->algorithm == Algorithm::Eager) {
     op->eager = true;
     try {
       eager_step(c);
@@ -620,15 +626,27 @@ bool Engine::judge(Op& op) {
   }
   bool agree = true;
   for (int g = 1; g < n; ++g) agree = agree && same_signature(op.descs[0], op.descs[static_cast<std::size_t>(g)]);
-  if (agree) {
-    op.judged = true;
-    return true;
-  }
   std::ostringstream s;
-  s << "collective mismatch on communicator " << op.comm->id << " (operation #" << op.descs[0].seq << "):";
-  for (int g = 0; g < n; ++g)
-    s << (g ? ", " : " ") << "rank " << op.comm->global_ranks[static_cast<std::size_t>(g)] << " called "
-      << describe_call(op.descs[static_cast<std::size_t>(g)]);
+  if (agree) {
+    // The same call everywhere, so the same choice of algorithm, unless the daemons' settings differ.
+    const auto algorithm_of = [&](int g) { return static_cast<Algorithm>(op.descs[static_cast<std::size_t>(g)].reserved0); };
+    int other = 1;
+    while (other < n && algorithm_of(other) == algorithm_of(0)) ++other;
+    if (other == n) {
+      op.judged = true;
+      return true;
+    }
+    const auto node_of = [&](int g) { return op.nodes[static_cast<std::size_t>(op.node_index_of_member(g, topo_))]; };
+    s << "nodes chose different algorithms for " << describe_call(op.descs[0]) << " on communicator " << op.comm->id
+      << " (operation #" << op.descs[0].seq << "): node " << node_of(0) << " " << to_string(algorithm_of(0))
+      << ", node " << node_of(other) << " " << to_string(algorithm_of(other))
+      << "; every daemon needs the same fabric.algorithm";
+  } else {
+    s << "collective mismatch on communicator " << op.comm->id << " (operation #" << op.descs[0].seq << "):";
+    for (int g = 0; g < n; ++g)
+      s << (g ? ", " : " ") << "rank " << op.comm->global_ranks[static_cast<std::size_t>(g)] << " called "
+        << describe_call(op.descs[static_cast<std::size_t>(g)]);
+  }
   // Replaces what a data message reported: an eager op's data of another size fails to match.
   op.status = Status::Mismatch;
   op.error = s.str();
@@ -673,6 +691,7 @@ bool Engine::advance(Op& op, Clock::time_point now) {
     return true;
   }
   // Run algorithm steps until one posts messages or the op is done.
+  const bool by_segments = op.algorithm == Algorithm::Ring || op.algorithm == Algorithm::Halving;
   for (;;) {
     ++op.phase;
     bool done = false;
@@ -682,10 +701,10 @@ bool Engine::advance(Op& op, Clock::time_point now) {
       } else {
         switch (op.d0().op) {
           case OpType::AllReduce:
-          case OpType::Reduce: done = allreduce_step(c); break;
-          case OpType::ReduceScatter: done = reduce_scatter_step(c); break;
+          case OpType::Reduce: done = by_segments ? allreduce_by_segments_step(c) : allreduce_step(c); break;
+          case OpType::ReduceScatter: done = by_segments ? reduce_scatter_by_segments_step(c) : reduce_scatter_step(c); break;
           case OpType::Broadcast: done = broadcast_step(c); break;
-          case OpType::AllGather: done = allgather_step(c); break;
+          case OpType::AllGather: done = by_segments ? allgather_by_segments_step(c) : allgather_step(c); break;
           case OpType::Gather:
           case OpType::Scatter: done = gather_scatter_step(c); break;
           case OpType::AllToAll: done = alltoall_step(c); break;

@@ -37,6 +37,7 @@
 #include "daemon/internode/node_card.hpp"
 #include "daemon/internode/rail_choice.hpp"
 #include "daemon/internode/staging_pool.hpp"
+#include "daemon/internode/tuner.hpp"
 #include "daemon/matcher.hpp"
 #include "daemon/traffic.hpp"
 #include "daemon/transport/transport.hpp"
@@ -80,6 +81,9 @@ class Engine {
     // by pid at once: simulated nodes).
     std::chrono::milliseconds heartbeat_timeout{2000};
     std::chrono::milliseconds default_timeout{1800000};
+    // fabric.algorithm: Auto lets the tuner choose per chunk (tuner.hpp); every node must run
+    // with the same setting (the nodes check each chunk's choice).
+    Algorithm algorithm = Algorithm::Auto;
   };
 
   // `transport` has not met its peers yet; `cards` are every node's endpoint names and slot

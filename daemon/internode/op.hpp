@@ -9,8 +9,11 @@
 #include <vector>
 
 #include "daemon/internode/engine.hpp"
+#include "daemon/internode/tuner.hpp"
 
 namespace smddp::daemon::internode {
+
+struct SegmentPlan;  // segments.hpp
 
 struct Op : std::enable_shared_from_this<Op> {
   Match match;  // this node's requests (collectives: in group-rank order)
@@ -45,6 +48,10 @@ struct Op : std::enable_shared_from_this<Op> {
   std::uint64_t bytes = 0;
   std::vector<StagingPool::Buffer> buffers;  // staging, back to the pool with the op
   std::vector<std::vector<std::int64_t>> splits;      // alltoall split tables by group rank
+  // How this chunk moves among the nodes (tuner.hpp): chosen alike on every node, and sent with
+  // the descriptors in their `reserved0` byte (the ranks leave it 0) so that the nodes check it.
+  Algorithm algorithm = Algorithm::Direct;
+  std::shared_ptr<SegmentPlan> plan;  // Ring and Halving: their data between steps
 
   const ipc::RequestDesc& d0() const { return descs.front(); }
   int size() const { return comm->size(); }
@@ -104,6 +111,11 @@ inline ipc::ReduceOp global_reduce_op(ipc::ReduceOp op) {
 // The algorithms: called with op.phase = 1, 2, ... each time the previous step's messages
 // have all completed. Post the step's messages and return false, or return true when done.
 bool allreduce_step(Engine::Ctx& c);       // AllReduce and Reduce: reduce-scatter + all-gather
+// The same collectives by node segments, moved by a ring or recursive halving/doubling
+// (op.algorithm; segments.hpp).
+bool allreduce_by_segments_step(Engine::Ctx& c);  // AllReduce and Reduce
+bool reduce_scatter_by_segments_step(Engine::Ctx& c);
+bool allgather_by_segments_step(Engine::Ctx& c);
 bool reduce_scatter_step(Engine::Ctx& c);
 bool broadcast_step(Engine::Ctx& c);
 bool allgather_step(Engine::Ctx& c);

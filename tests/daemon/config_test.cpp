@@ -63,6 +63,7 @@ void expect_builtin_defaults(const DaemonConfig& c) {
   EXPECT_EQ(c.fabric_interface, d.fabric_interface);
   EXPECT_EQ(c.fabric_endpoints, d.fabric_endpoints);
   EXPECT_EQ(c.direct_read_min_bytes, d.direct_read_min_bytes);
+  EXPECT_EQ(c.fabric_algorithm, d.fabric_algorithm);
 }
 
 TEST(DaemonConfig, BuiltInDefaults) {
@@ -98,6 +99,17 @@ TEST(DaemonConfig, DirectReadBoundTakesKibOrOff) {
   EXPECT_EQ(DaemonConfig::load("", {"daemon.direct_read_min_kib=off"}).direct_read_min_bytes, std::nullopt);
   expect_invalid("", {"daemon.direct_read_min_kib=-1"}, {"daemon.direct_read_min_kib"});
   expect_invalid("", {"daemon.direct_read_min_kib=never"}, {"daemon.direct_read_min_kib"});
+}
+
+TEST(DaemonConfig, AlgorithmAcrossNodesIsAutoOrForced) {
+  using internode::Algorithm;
+  EXPECT_EQ(DaemonConfig::load("", {}).fabric_algorithm, Algorithm::Auto);
+  EXPECT_EQ(DaemonConfig::load("", {"fabric.algorithm=direct"}).fabric_algorithm, Algorithm::Direct);
+  EXPECT_EQ(DaemonConfig::load("", {"fabric.algorithm=ring"}).fabric_algorithm, Algorithm::Ring);
+  EXPECT_EQ(DaemonConfig::load("", {"fabric.algorithm=halving"}).fabric_algorithm, Algorithm::Halving);
+  EXPECT_EQ(DaemonConfig::load("", {"fabric.algorithm=auto"}).fabric_algorithm, Algorithm::Auto);
+  expect_invalid("", {"fabric.algorithm=tree"}, {"fabric.algorithm", "tree", "auto, direct, ring, halving"});
+  expect_invalid("", {"fabric.algorithm=eager"}, {"fabric.algorithm", "eager"});
 }
 
 TEST(DaemonConfig, DefaultIniMatchesTheBuiltInDefaults) {

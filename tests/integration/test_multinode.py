@@ -80,6 +80,29 @@ def test_every_collective_64_mib_all_dtypes_across_nodes(job, k, provider):
     assert_all_ranks_passed(r.stdout, 2 * k)
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "halving", "auto"])
+def test_every_collective_across_8_nodes_by_algorithm(job, algorithm):
+    # 8 daemons, one rank each: the ring's 7 steps, halving's 3 exchanges, and auto's choice
+    # (at 8 nodes: tiny data eagerly, the rest directly). Float32 only, sizes 1, 7 (fewer elements
+    # than nodes: empty segments) and 1 MiB + 3 elements (a full chunk and one of 3 elements),
+    # plus the communicator {0, 2} (two nodes).
+    r = job.run(1, "collective_check", "--sizes", "1,7,262147", "--dtypes", "float32", "--subgroup",
+                extra=(*nodes(8), "--set", f"fabric.algorithm={algorithm}"))
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 8)
+
+
+@pytest.mark.skipif(os.environ.get("SMDDP_LONG_TESTS") != "1",
+                    reason="long run (three dtypes, 16 MiB, 8 nodes, every algorithm): scripts/test.sh --long")
+@pytest.mark.parametrize("algorithm", ["direct", "ring", "halving", "auto"])
+def test_every_collective_across_8_nodes_by_algorithm_all_dtypes(job, algorithm):
+    r = job.run(1, "collective_check", "--sizes", "0,1,7,262147", "--big-bytes", 16 << 20,
+                "--dtypes", "float32,bfloat16,int64", extra=(*nodes(8), "--set", f"fabric.algorithm={algorithm}"),
+                timeout=1500)
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 8)
+
+
 def test_nodes_with_different_rank_counts_are_refused(job):
     # smddprun gives every node the same count; a hand-made mpirun line might not.
     daemon = str(bin_dir() / "smddp-daemon")

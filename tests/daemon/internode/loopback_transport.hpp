@@ -33,12 +33,18 @@ class LoopbackFabric : public std::enable_shared_from_this<LoopbackFabric> {
   // Bytes sent, by transport and endpoint: counted where a send is matched (in the receiver's
   // progress()), so kept here.
   std::vector<std::vector<std::uint64_t>> bytes_sent;
+  std::vector<char> broken;  // by transport
   int add_transport(int endpoints) {
     completions.emplace_back();
     recvs.emplace_back();
     bytes_sent.emplace_back(static_cast<std::size_t>(endpoints), 0);
+    broken.push_back(0);
     return static_cast<int>(completions.size()) - 1;
   }
+  // As a node whose network fails (its process gone, its link down): from the transports' next
+  // progress() on, its own messages fail and sends to it fail; receives from it wait, as they
+  // do on a real fabric, until the engine gives up on the peer (fail_peer).
+  void break_transport(int t) { broken.at(static_cast<std::size_t>(t)) = 1; }
 };
 
 class LoopbackTransport final : public Transport {
@@ -120,6 +126,7 @@ class LoopbackTransport final : public Transport {
   }
   std::size_t progress() override {
     std::size_t n = 0;
+    fail_broken();
     // Match sends addressed to us, in posting order, with our receives on the same rail, in
     // posting order.
     auto& rs = f_->recvs[static_cast<std::size_t>(me_)];
@@ -169,6 +176,23 @@ class LoopbackTransport final : public Transport {
     int endpoints;
   };
   void received(std::size_t endpoint, std::size_t bytes) { info_[endpoint].bytes_received += bytes; }
+  bool broken(int t) const { return f_->broken[static_cast<std::size_t>(t)] != 0; }
+  void fail_broken() {
+    auto& mine = f_->completions[static_cast<std::size_t>(me_)];
+    for (auto s = f_->sends.begin(); s != f_->sends.end();) {
+      if (s->src == me_ && (broken(me_) || broken(s->dst))) {
+        mine.push_back({std::move(s->done),
+                        Status::failure("loopback transport " + std::to_string(broken(me_) ? me_ : s->dst) + " failed")});
+        s = f_->sends.erase(s);
+      } else {
+        ++s;
+      }
+    }
+    if (!broken(me_)) return;
+    auto& rs = f_->recvs[static_cast<std::size_t>(me_)];
+    for (auto& r : rs) mine.push_back({std::move(r.done), Status::failure("loopback transport " + std::to_string(me_) + " failed")});
+    rs.clear();
+  }
   void note(int peer, Rail rail, const void* buf, std::size_t bytes, const MemoryRegion* region) {
     if (rail.local < 0 || rail.local >= endpoints() || rail.remote < 0 || rail.remote >= peer_endpoints(peer))
       throw std::invalid_argument("loopback: a rail naming an endpoint either side lacks");
