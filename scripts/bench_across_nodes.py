@@ -24,21 +24,10 @@ import subprocess
 import sys
 import time
 
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_torch import build_env, find_build, human, parse_size  # noqa: E402 - beside this script
+
 OPS = ("allreduce", "allgather", "reducescatter", "broadcast")
-
-
-def parse_size(s):
-    s = s.strip().upper().rstrip("B").rstrip("I")
-    unit = s[-1] if s and s[-1] in UNITS else ""
-    return int(float(s[:-1] if unit else s) * UNITS[unit])
-
-
-def human(n):
-    for u in ("G", "M", "K"):
-        if n >= UNITS[u] and n % UNITS[u] == 0:
-            return "%d%sB" % (n // UNITS[u], u)
-    return "%dB" % n
 
 
 def options(argv):
@@ -67,20 +56,8 @@ def options(argv):
 
 
 def launch(opts, argv):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    build = opts.build
-    if not build:
-        cands = [os.path.join(root, d) for d in os.listdir(root) if d.startswith("build")]
-        cands = [d for d in cands if os.path.exists(os.path.join(d, "bin", "smddprun"))]
-        if not cands:
-            sys.exit("bench_across_nodes.py: no build with bin/smddprun found; pass --build")
-        build = max(cands, key=os.path.getmtime)
-    build = os.path.abspath(build)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(build, "python")] +
-                                        [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
-    env["SMDDP_DAEMON"] = os.path.join(build, "bin", "smddp-daemon")
-    env["SMDDP_BIN_DIR"] = os.path.join(build, "bin")
+    build = find_build(opts.build, "bench_across_nodes.py")
+    env = build_env(build)
     cmd = [os.path.join(build, "bin", "smddprun"), "--simulate-nodes", str(opts.nodes),
            "--nproc-per-node", str(opts.nproc_per_node)]
     for s in opts.set:

@@ -73,16 +73,29 @@ def options(argv):
     return opts
 
 
+def find_build(build, who):
+    """The build folder to run: `build`, else the newest build* beside the sources with smddprun."""
+    if build:
+        return os.path.abspath(build)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cands = [os.path.join(root, d) for d in os.listdir(root) if d.startswith("build")]
+    cands = [d for d in cands if os.path.exists(os.path.join(d, "bin", "smddprun"))]
+    if not cands:
+        sys.exit("%s: no build with bin/smddprun found; pass --build" % who)
+    return max(cands, key=os.path.getmtime)
+
+
+def build_env(build):
+    """The environment for ranks of `build`: its Python package, daemon and binaries."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(build, "python")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["SMDDP_DAEMON"] = os.path.join(build, "bin", "smddp-daemon")  # the build asked for, not one set before
+    env["SMDDP_BIN_DIR"] = os.path.join(build, "bin")
+    return env
+
+
 def launch(opts, argv):
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    build = opts.build
-    if not build:
-        cands = [os.path.join(root, d) for d in os.listdir(root) if d.startswith("build")]
-        cands = [d for d in cands if os.path.exists(os.path.join(d, "bin", "smddprun"))]
-        if not cands:
-            sys.exit("bench_torch.py: no build with bin/smddprun found; pass --build")
-        build = max(cands, key=os.path.getmtime)
+    build = find_build(opts.build, "bench_torch.py")
     import torch
     nproc = opts.nproc or torch.cuda.device_count()
     if nproc < 2:
@@ -91,10 +104,7 @@ def launch(opts, argv):
     if k and nproc % k:
         sys.exit("bench_torch.py: --simulate-nodes %d needs a rank count divisible by %d (have %d; set --nproc)"
                  % (k, k, nproc))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(build, "python")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env.setdefault("SMDDP_DAEMON", os.path.join(build, "bin", "smddp-daemon"))
-    env.setdefault("SMDDP_BIN_DIR", os.path.join(build, "bin"))
+    env = build_env(build)
     script = [sys.executable, os.path.abspath(__file__)] + argv
     if opts.launcher == "smddprun" and k:
         # Every simulated node has local rank 0 only: pick GPUs by global rank instead.

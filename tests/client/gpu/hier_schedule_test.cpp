@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "client/gpu/hier_schedule.hpp"
+#include "tests/client/gpu/schedule_check.hpp"
 
 namespace smddp::client::gpu {
 namespace {
@@ -31,29 +32,8 @@ namespace {
 using ipc::DType;
 using ipc::OpType;
 using Kind = Step::Kind;
-
-struct Range {
-  const std::byte* lo;
-  const std::byte* hi;
-  bool overlaps(const Range& o) const { return lo < o.hi && o.lo < hi; }
-};
-
-// Element-wise sum with wrap-around (exact whatever the order).
-void add_into(std::byte* acc, const std::byte* x, std::uint64_t count, DType t) {
-  const auto go = [&](auto zero) {
-    using T = decltype(zero);
-    for (std::uint64_t i = 0; i < count; ++i) {
-      T a, b;
-      std::memcpy(&a, acc + i * sizeof(T), sizeof(T));
-      std::memcpy(&b, x + i * sizeof(T), sizeof(T));
-      const T c = static_cast<T>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
-      std::memcpy(acc + i * sizeof(T), &c, sizeof(T));
-    }
-  };
-  if (t == DType::Int8) go(std::uint8_t{});
-  else if (t == DType::Int32) go(std::uint32_t{});
-  else go(std::uint64_t{});
-}
+using schedule_check::add_into;
+using schedule_check::Range;
 
 struct Case {
   OpType op;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "client/gpu/schedule.hpp"
+#include "tests/client/gpu/schedule_check.hpp"
 
 namespace smddp::client::gpu {
 namespace {
@@ -27,32 +28,8 @@ namespace {
 using ipc::DType;
 using ipc::OpType;
 using Kind = Step::Kind;
-
-struct Range {
-  const std::byte* lo;
-  const std::byte* hi;
-  bool overlaps(const Range& o) const { return lo < o.hi && o.lo < hi; }
-};
-
-// Element-wise sum in the dtype (integer types: wrap-around, so exact everywhere).
-void add_into(std::byte* acc, const std::byte* x, std::uint64_t count, DType t) {
-  const auto go = [&](auto zero) {
-    using T = decltype(zero);
-    for (std::uint64_t i = 0; i < count; ++i) {
-      T a, b;
-      std::memcpy(&a, acc + i * sizeof(T), sizeof(T));
-      std::memcpy(&b, x + i * sizeof(T), sizeof(T));
-      const T c = static_cast<T>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
-      std::memcpy(acc + i * sizeof(T), &c, sizeof(T));
-    }
-  };
-  switch (t) {
-    case DType::Int8: go(std::uint8_t{}); break;
-    case DType::Int32: go(std::uint32_t{}); break;
-    case DType::Int64: go(std::uint64_t{}); break;
-    default: FAIL() << "test dtype";
-  }
-}
+using schedule_check::add_into;
+using schedule_check::Range;
 
 struct Case {
   OpType op;
