@@ -1,17 +1,26 @@
-// Internals of PeerExecutor shared by its files: peer_executor.cpp (plans, barriers, maps)
-// and fast_path.cpp (the fast path).
+// Internals of PeerExecutor shared by its files: peer_executor.cpp (plans, barriers, maps),
+// peer_executor_hier.cpp (hierarchical operations) and fast_path.cpp (the fast path).
 #pragma once
 
 #include <cuda.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "client/gpu/cuda_util.hpp"
+#include "ipc/protocol.hpp"
 #include "ipc/segment.hpp"
 #include "kernels/device_kernels.hpp"
 
 namespace smddp::client::gpu::detail {
+
+// The members' node slots, in member order.
+inline std::vector<int> slots_of(const std::vector<ipc::PlanMember>& members) {
+  std::vector<int> v;
+  for (const auto& m : members) v.push_back(m.slot);
+  return v;
+}
 
 // Stream memory operations through the runtime's driver entry points (no libcuda link).
 using StreamValue = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
