@@ -34,6 +34,7 @@ std::string daemon_usage() {
          "  --num-nodes K          attach mode: number of nodes (default 1)\n"
          "  --attach-timeout S     attach mode: seconds to wait for the first rank (default 120)\n"
          "  --cleanup-job ID       remove this machine's leftover segments and sockets of a job\n"
+         "                         (waits up to 10 s for its daemons to be gone)\n"
          "  --version, -h/--help\n";
 }
 

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "daemon/cli.hpp"
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
+#include "daemon/job_cleanup.hpp"
 #ifdef SMDDP_HAVE_FABRIC
 #include "daemon/internode/node_card.hpp"
 #include "daemon/internode/rail_map.hpp"
@@ -43,28 +45,16 @@ void setup_logging(const std::string& job, int node, const std::string& level) {
   spdlog::set_default_logger(logger);
 }
 
-// Removes this machine's leftovers of `job` whose daemon is gone.
+// Removes this machine's leftovers of `job` whose daemons are gone (smddprun runs it once
+// mpirun has returned, however the job ended).
 int cleanup_job(const std::string& job) {
-  ipc::check_job_id(job);
-  const std::string prefix = std::string(ipc::kSegmentPrefix) + job + ".n";
-  std::set<int> nodes;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const auto name = e.path().filename().string();
-    if (name.rfind(prefix, 0) == 0) nodes.insert(std::atoi(name.c_str() + prefix.size()));
-  }
-  const std::string sock_prefix = job + ".n";
-  for (const auto& e : std::filesystem::directory_iterator(ipc::socket_dir(), ec)) {
-    const auto name = e.path().filename().string();
-    if (name.rfind(sock_prefix, 0) == 0) nodes.insert(std::atoi(name.c_str() + sock_prefix.size()));
-  }
-  int removed = 0;
-  for (int n : nodes) {
-    removed += ipc::Segment::remove_if_stale(job, n);
-    if (!ipc::Segment::exists(job, n)) removed += std::filesystem::remove(ipc::socket_path(job, n), ec);
-  }
-  if (removed) std::cerr << "smddp-daemon: removed " << removed << " leftover file(s) of job " << job << "\n";
-  return 0;
+  const auto report = daemon::cleanup_job(job, std::chrono::seconds(10));
+  if (report.removed) std::cerr << "smddp-daemon: removed " << report.removed << " leftover file(s) of job " << job << "\n";
+  for (std::size_t i = 0; i < report.nodes_left.size(); ++i)
+    std::cerr << "smddp-daemon: job " << job << " still has a live daemon for node " << report.nodes_left[i]
+              << " on this machine (pid " << report.owners_left[i] << ") 10 s after its launcher ended; "
+              << "its segment /dev/shm/" << ipc::segment_name(job, report.nodes_left[i]) << " is left to it\n";
+  return report.nodes_left.empty() ? 0 : 1;
 }
 
 int free_port() {

@@ -247,6 +247,11 @@ bool Segment::remove_if_stale(const std::string& job_id, int node_id) {
   return bip::shared_memory_object::remove(name.c_str());
 }
 
+int Segment::owner_pid(const std::string& job_id, int node_id) {
+  bool magic = false;
+  return read_owner_pid(segment_name(job_id, node_id), magic);
+}
+
 void Segment::remove(const std::string& job_id, int node_id) {
   bip::shared_memory_object::remove(segment_name(job_id, node_id).c_str());
 }

@@ -157,6 +157,9 @@ class Segment {
   static bool exists(const std::string& job_id, int node_id);
   // Removes the job's segment on `node_id` if its daemon is gone. Returns true if removed.
   static bool remove_if_stale(const std::string& job_id, int node_id);
+  // The pid of the daemon named in the job's segment on `node_id`; 0 if none (absent, or not
+  // yet written).
+  static int owner_pid(const std::string& job_id, int node_id);
   // Removes the job's segment unconditionally (used when the owner is known dead).
   static void remove(const std::string& job_id, int node_id);
   // Removes every smddp segment in /dev/shm whose daemon is dead. Returns how many.
