@@ -16,7 +16,20 @@ if [ "${1:-}" = "--long" ]; then
   exit $?
 fi
 status=0
-run() { echo "== $*"; "$@" || status=1; }
+# Each suite's output is also kept, so that the end of the run can repeat what failed: CI logs
+# are often read from the tail.
+failures="$(mktemp)"
+trap 'rm -f "$failures"' EXIT
+run() {
+  echo "== $*"
+  local out
+  out="$(mktemp)"
+  if ! "$@" 2>&1 | tee "$out"; then
+    status=1
+    { echo "== $*"; grep -E '^(FAILED|ERROR) |[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception|Not Run)\)' "$out" || echo "(see above)"; } >>"$failures"
+  fi
+  rm -f "$out"
+}
 
 run ctest --test-dir build -L unit -j"$jobs" --output-on-failure --timeout 600
 run ctest --test-dir build -L 'integration|python|gpu' -j1 --output-on-failure
@@ -39,6 +52,10 @@ left=$(ls /dev/shm 2>/dev/null | grep '^smddp\.' || true)
 if [ -n "$left" ]; then
   echo "tests left shared-memory segments behind: $left"
   status=1
+fi
+if [ -s "$failures" ]; then
+  echo "what failed:"
+  cat "$failures"
 fi
 if [ "$status" -eq 0 ]; then echo "scripts/test.sh: all test suites passed"; else echo "scripts/test.sh: FAILURES above"; fi
 exit "$status"
