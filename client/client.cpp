@@ -119,17 +119,18 @@ ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
       alloc_(segment_.header().arena_bytes) {
   auto& h = segment_.header();
   auto refuse = [&](const std::string& why) { throw Error(Status::InvalidRequest, why); };
+  auto mismatch = [&](const std::string& why) { throw LayoutMismatch(why); };
   if (o.local_rank < 0 || o.local_rank >= h.local_world_size)
-    refuse("LOCAL_RANK " + std::to_string(o.local_rank) + " is outside the daemon's " +
-           std::to_string(h.local_world_size) + " local ranks");
+    mismatch("LOCAL_RANK " + std::to_string(o.local_rank) + " is outside the daemon's " +
+             std::to_string(h.local_world_size) + " local ranks");
   if (o.local_world_size != h.local_world_size)
-    refuse("LOCAL_WORLD_SIZE is " + std::to_string(o.local_world_size) + " but the daemon serves " +
-           std::to_string(h.local_world_size) + " ranks on this node");
+    mismatch("LOCAL_WORLD_SIZE is " + std::to_string(o.local_world_size) + " but the daemon serves " +
+             std::to_string(h.local_world_size) + " ranks on this node");
   if (o.world_size != h.world_size)
-    refuse("WORLD_SIZE is " + std::to_string(o.world_size) + " but the job has " + std::to_string(h.world_size) + " ranks");
+    mismatch("WORLD_SIZE is " + std::to_string(o.world_size) + " but the job has " + std::to_string(h.world_size) + " ranks");
   if (o.rank != slot_.rank)
-    refuse("RANK " + std::to_string(o.rank) + " does not match local rank " + std::to_string(o.local_rank) +
-           " of node " + std::to_string(o.node_id) + " (the daemon expects rank " + std::to_string(slot_.rank) + ")");
+    mismatch("RANK " + std::to_string(o.rank) + " does not match local rank " + std::to_string(o.local_rank) +
+             " of node " + std::to_string(o.node_id) + " (the daemon expects rank " + std::to_string(slot_.rank) + ")");
   arena_ = segment_.arena(o.local_rank);
   std::uint32_t expected = static_cast<std::uint32_t>(ipc::SlotState::Empty);
   if (!slot_.state.compare_exchange_strong(expected, static_cast<std::uint32_t>(ipc::SlotState::Claiming))) {

@@ -43,6 +43,14 @@ class Error : public std::runtime_error {
   Status status_;
 };
 
+// Raised by attach when the rank's RANK, WORLD_SIZE, LOCAL_RANK or LOCAL_WORLD_SIZE disagree
+// with the job the daemon serves (status InvalidRequest): its own type, so that a caller that
+// knows how the rank was launched can say where the wrong values came from.
+class LayoutMismatch : public Error {
+ public:
+  explicit LayoutMismatch(const std::string& what) : Error(Status::InvalidRequest, what) {}
+};
+
 struct AttachOptions {
   std::string job_id;
   int node_id = 0;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <stdexcept>
 #include <string_view>
 
@@ -39,6 +40,15 @@ std::vector<std::string> child_environment(const std::map<std::string, std::stri
         key.starts_with("PRTE_") || key.starts_with("ORTE_") || set.count(std::string(key)))
       continue;
     env.emplace_back(kv);
+  }
+  // A rank that initialises MPI (mpi4py, `python -m mpi4py`) is a singleton. Open MPI 4.1's
+  // default singleton starts a helper daemon through ssh/rsh, which aborts where neither
+  // exists; an isolated one starts nothing. A value the user gave (smddprun's environment,
+  // `-x`, `--mca ess_singleton_isolated`) reaches the daemon as this variable and is kept:
+  // only singletons read it, so it can only have been meant for the ranks.
+  if (!set.count(std::string(kSingletonIsolated))) {
+    const char* user = std::getenv(kSingletonIsolated);
+    env.push_back(std::string(kSingletonIsolated) + "=" + (user && *user ? user : "1"));
   }
   for (const auto& [k, v] : set) env.push_back(k + "=" + v);
   return env;

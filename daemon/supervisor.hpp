@@ -41,8 +41,12 @@ class Supervisor {
   std::map<pid_t, int> running_;  // pid -> local rank
 };
 
+// Makes a rank's MPI_Init (Open MPI) start a standalone singleton, without a helper daemon.
+inline constexpr const char* kSingletonIsolated = "OMPI_MCA_ess_singleton_isolated";
+
 // Child environment: the daemon's own, without the MPI launcher's variables (ranks are not
-// MPI processes), plus `set` (which wins).
+// part of the MPI job), with kSingletonIsolated=1 unless the daemon's environment gives it
+// another value, plus `set` (which wins).
 std::vector<std::string> child_environment(const std::map<std::string, std::string>& set);
 
 }  // namespace smddp::daemon

@@ -12,6 +12,7 @@ PKGS=(
   openmpi-bin libopenmpi-dev
   libfabric-dev libfabric-bin
   python3 python3-pytest python3-numpy python3-torch libtorch-dev pybind11-dev python3-dev
+  python3-mpi4py
 )
 
 missing=()

@@ -44,6 +44,19 @@ std::chrono::milliseconds attach_timeout_from_env() {
 
 }  // namespace
 
+std::string smddprun_layout_hint() {
+  // Launch path 1 as _launch.launched_by_smddprun() tells it: a job id the plugin did not set.
+  const char* job = std::getenv("SMDDP_JOB_ID");
+  const char* attach = std::getenv("SMDDP_ATTACH_MODE");
+  if (!job || !*job || (attach && std::string(attach) == "1")) {
+    return "";
+  }
+  return " Under smddprun a rank is not part of an MPI job: MPI.COMM_WORLD is a singleton (rank 0, size 1), "
+         "so a rank and world size taken from it (mpi4py, DeepSpeed's MPI discovery) are wrong. Take them from "
+         "the environment smddprun sets (RANK, WORLD_SIZE, LOCAL_RANK; init_process_group's default env:// "
+         "reads them), or launch with plain `mpirun -np N python train.py`, where the ranks are the MPI job.";
+}
+
 std::shared_ptr<client::Client> shared_client() {
   std::lock_guard lock(g_mutex);
   if (auto c = g_client.lock()) {
@@ -63,13 +76,20 @@ std::shared_ptr<client::Client> shared_client() {
   std::shared_ptr<client::Client> c;
   try {
     c = client::Client::attach(opts);
+  } catch (const client::LayoutMismatch& e) {
+    // The daemon is there (so no "how to start one"); the process's layout is wrong.
+    throw SmddpException(ErrorKind::InvalidArgument,
+                         "smddp: this process's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE are not the job's: " +
+                             std::string(e.what()) + "." + smddprun_layout_hint());
   } catch (const client::Error& e) {
-    // The client's message already says how to start a daemon when it has none to reach.
+    // The client's message already says how to start a daemon when it has none to reach. A
+    // daemon that is there but no longer serving (PeerFailed: the job failed, its message says
+    // why) needs no advice on starting one.
     const std::string why = e.what();
+    const bool advise = why.find("smddprun") == std::string::npos && e.status() != client::Status::PeerFailed;
     throw SmddpException(ErrorKind::DaemonUnreachable,
                          "smddp: cannot attach to the smddp daemon of job '" + opts.job_id + "' on node " +
-                             std::to_string(opts.node_id) + ": " + why +
-                             (why.find("smddprun") == std::string::npos ? kHowToStart : ""));
+                             std::to_string(opts.node_id) + ": " + why + (advise ? kHowToStart : ""));
   }
   g_client = c;
   return c;

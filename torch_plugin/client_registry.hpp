@@ -15,6 +15,11 @@ namespace smddp::torch_plugin {
 // Each process group holds the returned pointer; the Client detaches once none does.
 std::shared_ptr<client::Client> shared_client();
 
+// Under smddprun (the daemon spawned this process), what to tell a rank whose rank or world
+// size disagree with the job: MPI.COMM_WORLD is a singleton there, so values taken from it are
+// wrong. "" under the other launch paths.
+std::string smddprun_layout_hint();
+
 // The Client if one is attached now, else null (no attach attempt).
 std::shared_ptr<client::Client> current_client();
 

@@ -117,7 +117,7 @@ c10::intrusive_ptr<ProcessGroupSMDDP> ProcessGroupSMDDP::create(const Config& co
             "smddp init_process_group: rank " + std::to_string(config.rank) + " of world size " +
                 std::to_string(config.size) + " disagrees with the smddp job, where this process is rank " +
                 std::to_string(client->rank()) + " of " + std::to_string(client->world_size()) +
-                " (do not pass rank/world_size that differ from RANK/WORLD_SIZE)");
+                " (do not pass rank/world_size that differ from RANK/WORLD_SIZE)." + smddprun_layout_hint());
       }
       comm = client->world();
       bump_world_generation();

@@ -19,6 +19,7 @@ using namespace std::chrono_literals;
 using smddp::client::Client;
 using smddp::client::DType;
 using smddp::client::Error;
+using smddp::client::LayoutMismatch;
 using smddp::client::OpType;
 using smddp::client::ReduceOp;
 using smddp::client::Status;
@@ -442,6 +443,16 @@ TEST(ClientAttach, WrongWorldSizeIsRefused) {
   EXPECT_EQ(e.status(), Status::InvalidRequest);
   EXPECT_TRUE(contains(e.what(), "WORLD_SIZE is 3")) << e.what();
   EXPECT_TRUE(contains(e.what(), "4")) << e.what();
+  // Its own type: the plugin says where a wrong world came from.
+  o.world_size = 1;
+  try {
+    Client::attach(o);
+    ADD_FAILURE() << "a world of 1 in a job of 4 was accepted";
+  } catch (const LayoutMismatch& m) {
+    EXPECT_TRUE(contains(m.what(), "WORLD_SIZE is 1 but the job has 4 ranks")) << m.what();
+  }
+  EXPECT_EQ(daemon.segment().slot(0).state.load(), static_cast<std::uint32_t>(ipc::SlotState::Empty))
+      << "a refused rank must not keep the slot";
 }
 
 TEST(ClientAttach, LocalRankAndLocalWorldSizeAreChecked) {

@@ -152,6 +152,12 @@ class ScopedEnv {
     ::setenv(k, v, 1);
     return *this;
   }
+  ScopedEnv& unset(const char* k) {
+    const char* old = ::getenv(k);
+    saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
+    ::unsetenv(k);
+    return *this;
+  }
   ~ScopedEnv() {
     for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
       if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
@@ -192,6 +198,44 @@ TEST(Supervisor, ChildEnvironmentStripsLauncherVariablesAndAppliesOverrides) {
   if (::getenv("PATH")) {
     EXPECT_TRUE(has_key(e, "PATH"));
   }
+}
+
+TEST(Supervisor, ChildEnvironmentMakesMpiAnIsolatedSingleton) {
+  ScopedEnv env;
+  // What mpirun gives the daemon; none of it may reach the ranks.
+  env.set("OMPI_COMM_WORLD_SIZE", "4").set("OMPI_MCA_plm_rsh_agent", "ssh : rsh").set("PMIX_NAMESPACE", "x");
+  env.unset(kSingletonIsolated);
+  auto e = child_environment({{"RANK", "1"}});
+  EXPECT_TRUE(has(e, "OMPI_MCA_ess_singleton_isolated=1"));
+  EXPECT_EQ(std::count_if(e.begin(), e.end(), [](const std::string& s) { return s.starts_with("OMPI_"); }), 1)
+      << "only the singleton setting is an OMPI_ variable of a rank";
+  EXPECT_FALSE(has_key(e, "OMPI_COMM_WORLD_SIZE"));
+  EXPECT_FALSE(has_key(e, "OMPI_MCA_plm_rsh_agent"));
+  EXPECT_FALSE(has_key(e, "PMIX_NAMESPACE"));
+  EXPECT_TRUE(has(e, "RANK=1"));
+
+  // A value the user gave (it reaches the daemon through mpirun) is kept, once.
+  env.set(kSingletonIsolated, "0");
+  e = child_environment({});
+  EXPECT_TRUE(has(e, "OMPI_MCA_ess_singleton_isolated=0"));
+  EXPECT_FALSE(has(e, "OMPI_MCA_ess_singleton_isolated=1"));
+  EXPECT_EQ(std::count_if(e.begin(), e.end(), [](const std::string& s) { return s.starts_with("OMPI_"); }), 1);
+
+  // What the caller sets wins over both.
+  e = child_environment({{kSingletonIsolated, "1"}});
+  EXPECT_TRUE(has(e, "OMPI_MCA_ess_singleton_isolated=1"));
+  EXPECT_EQ(std::count_if(e.begin(), e.end(), [](const std::string& s) { return s.starts_with("OMPI_"); }), 1);
+}
+
+TEST(Supervisor, RankWithTheChildEnvironmentSeesTheSingletonSetting) {
+  ScopedEnv env;
+  env.set("OMPI_COMM_WORLD_RANK", "2").unset(kSingletonIsolated);
+  Supervisor sup;
+  sup.spawn(0, {"/bin/sh", "-c", "test \"$OMPI_MCA_ess_singleton_isolated\" = 1 && test -z \"$OMPI_COMM_WORLD_RANK\""},
+            child_environment({}));
+  auto exits = reap_n(sup, 1);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(describe_exit(exits[0].wait_status), "exited with status 0");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ import pytest
 from conftest import LAUNCHER_PYTHON, load_launcher_module, write_script
 
 LOCAL_MCA = {
+    "plm": "isolated",
     "pml": "ob1",
     "btl": "self,vader,tcp",
     "btl_vader_single_copy_mechanism": "none",
@@ -177,6 +178,7 @@ def test_hosts_one_daemon_each(run_launcher, tools):
     # Loopback-only defaults are for single-machine runs; they would break a real cluster.
     assert "btl_tcp_if_include" not in parsed.mca
     assert "oob_tcp_if_include" not in parsed.mca
+    assert "plm" not in parsed.mca, "hosts are reached through ssh: the isolated launcher is local only"
 
 
 def test_host_slots_give_nproc_and_nodes_takes_first_hosts(run_launcher, tools):

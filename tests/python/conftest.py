@@ -167,8 +167,8 @@ class JobResult:
         assert not left, "left behind after the job: %s" % left
 
 
-def _worker_cmd(worker, args):
-    return [python_exe(), os.path.join(WORKERS, worker), *map(str, args)]
+def _worker_cmd(worker, args, python_args=()):
+    return [python_exe(), *python_args, os.path.join(WORKERS, worker), *map(str, args)]
 
 
 _TORCHRUN_PROBE = {}
@@ -193,9 +193,10 @@ def torchrun_broken():
 
 
 def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(), launcher="smddprun",
-            mpirun_args=()):
+            mpirun_args=(), python_args=()):
     """Runs `smddprun --nproc-per-node N -- python workers/<worker> ARGS` (launch path 1) or
-    `mpirun -np N python workers/<worker> ARGS` (launch path 2) and returns a JobResult."""
+    `mpirun -np N python workers/<worker> ARGS` (launch path 2) and returns a JobResult.
+    python_args go before the script (e.g. ("-m", "mpi4py"))."""
     build = build_dir()
     env = base_env(build)
     if extra_env:
@@ -206,7 +207,7 @@ def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(
         if not os.access(smddprun, os.X_OK):
             pytest.skip("smddprun not found in %s/bin" % build)
         cmd = [smddprun, "--daemon", daemon_path(build), "--nproc-per-node", str(nproc), *smddprun_args, "--",
-               *_worker_cmd(worker, args)]
+               *_worker_cmd(worker, args, python_args)]
     elif launcher == "mpirun":
         mpirun = shutil.which("mpirun")
         if not mpirun:
@@ -217,7 +218,8 @@ def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(
         forwarded = [a for name in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "OMP_NUM_THREADS", "SMDDP_DAEMON",
                                     "MASTER_ADDR", "MASTER_PORT", "SMDDP_TEST_RECORDS", *(extra_env or {}))
                      for a in ("-x", name)]
-        cmd = [mpirun, *MPIRUN_FLAGS, *mpirun_args, *forwarded, "-np", str(nproc), *_worker_cmd(worker, args)]
+        cmd = [mpirun, *MPIRUN_FLAGS, *mpirun_args, *forwarded, "-np", str(nproc),
+               *_worker_cmd(worker, args, python_args)]
     elif launcher == "torchrun":
         reason = torchrun_broken()
         if reason:
