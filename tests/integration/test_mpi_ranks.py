@@ -10,7 +10,6 @@ mpi4py comes from Debian's python3-mpi4py, which scripts/setup.sh installs.
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import time
@@ -19,35 +18,21 @@ import pytest
 
 from conftest import REPO, bin_dir
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import mpi_without_ssh  # noqa: E402  (tests/mpi_without_ssh.py)
+
 HERE = pathlib.Path(__file__).resolve().parent
 RANK_SCRIPT = HERE / "mpi_rank.py"
 PYTHON = sys.executable
 
 
 def require_mpi4py():
-    """mpi4py must be importable by the ranks' Python. setup.sh installs it for Debian's
-    python3, so there its absence is a failure; any other interpreter (a virtual environment)
-    may genuinely lack it, and the test skips saying so."""
-    proc = subprocess.run([PYTHON, "-c", "import mpi4py"], capture_output=True, text=True)
-    if proc.returncode == 0:
-        return
-    why = "mpi4py is not importable by %s: %s" % (PYTHON, proc.stderr.strip().splitlines()[-1:])
-    if os.path.realpath(PYTHON).startswith("/usr/bin/python3"):
-        pytest.fail(why + " (scripts/setup.sh installs python3-mpi4py)")
-    pytest.skip(why)
+    mpi_without_ssh.require_mpi4py(PYTHON)
 
 
 @pytest.fixture
 def no_ssh_path(tmp_path):
-    """A PATH holding only what the job needs (python3, mpirun): no ssh, no rsh."""
-    d = tmp_path / "bin"
-    d.mkdir()
-    for name, target in (("python3", PYTHON), ("mpirun", shutil.which("mpirun"))):
-        assert target, "%s not found" % name
-        (d / name).symlink_to(os.path.realpath(target))
-    path = str(d)
-    assert shutil.which("ssh", path=path) is None and shutil.which("rsh", path=path) is None
-    return path
+    return mpi_without_ssh.path_without_ssh(tmp_path / "bin", PYTHON)
 
 
 def run_ranks(job, path, nproc, mode, extra=(), mpi4py_main=True, timeout=180):

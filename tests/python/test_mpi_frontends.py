@@ -11,12 +11,14 @@ mpi4py comes from Debian's python3-mpi4py (scripts/setup.sh installs it): missin
 python3 is a failure; another interpreter that lacks it skips (ctest shows the skip).
 """
 import os
-import shutil
-import subprocess
+import sys
 
 import pytest
 
 from conftest import free_port, python_exe, run_job
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+import mpi_without_ssh  # noqa: E402  (tests/mpi_without_ssh.py)
 
 WORKER = "mpi_frontends_worker.py"
 SINGLETON_HINT = "MPI.COMM_WORLD is a singleton (rank 0, size 1)"
@@ -24,25 +26,13 @@ SINGLETON_HINT = "MPI.COMM_WORLD is a singleton (rank 0, size 1)"
 
 @pytest.fixture(autouse=True)
 def mpi4py_present():
-    py = python_exe()
-    proc = subprocess.run([py, "-c", "import mpi4py"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        why = "mpi4py is not importable by %s: %s" % (py, proc.stderr.strip().splitlines()[-1:])
-        if os.path.realpath(py).startswith("/usr/bin/python3"):
-            pytest.fail(why + " (scripts/setup.sh installs python3-mpi4py)")
-        pytest.skip(why)
+    mpi_without_ssh.require_mpi4py(python_exe())
 
 
 @pytest.fixture
 def no_ssh(tmp_path):
     """extra_env for run_job: a PATH with python3 and mpirun only."""
-    d = tmp_path / "bin"
-    d.mkdir()
-    for name, target in (("python3", python_exe()), ("mpirun", shutil.which("mpirun"))):
-        assert target, "%s not found" % name
-        (d / name).symlink_to(os.path.realpath(target))
-    assert shutil.which("ssh", path=str(d)) is None and shutil.which("rsh", path=str(d)) is None
-    return {"PATH": str(d)}
+    return {"PATH": mpi_without_ssh.path_without_ssh(tmp_path / "bin", python_exe())}
 
 
 # --noprefix: Open MPI otherwise puts its own prefix's bin folder (/usr/bin, where Debian's ssh
