@@ -8,6 +8,7 @@
 # --quick builds only what the GPU path needs and runs its steps, each under its own time limit
 # so that one hang cannot eat the run:
 #   gpu_copier       the arena copier on the GPU (lanes, fences, ordering)
+#   gpu_kernels      the reduction kernel per dtype x op against a host reference
 #   gpu_collectives  every collective x dtype beside NCCL, through smddprun (2 GPUs)
 #   gpu_capture      collectives refused inside CUDA graph captures, captures beside them
 #   gpu_training     DDP / FSDP1 / FSDP2 parity with NCCL (2 GPUs)
@@ -132,10 +133,11 @@ step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
 step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 if [ "$quick" -eq 1 ]; then
   step build cmake --build "$build" -j"$jobs" --target smddp-daemon smddp-ctl smddp_torch_plugin smddprun \
-    arena_copier_tests
+    arena_copier_tests reduce_kernel_tests
   if [ "${step_rc[build]}" -eq 0 ]; then
     # The arena copier on the GPU (CUDA tensors across nodes): lanes, fences, ordering.
     step gpu_copier timeout 120 "$build/bin/arena_copier_tests"
+    step gpu_kernels timeout 240 "$build/bin/reduce_kernel_tests"
     py="$(command -v python3)"
     gpu_env=(env SMDDP_BUILD_DIR="$build" SMDDP_TEST_PYTHON="$py" PYTHONPATH="$build/python")
     pytest_args=(-x -q -rs -p no:cacheprovider)
