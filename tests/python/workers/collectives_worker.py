@@ -403,8 +403,23 @@ def check_objects():
 
 
 def check_barrier():
-    dist.barrier()
-    dist.barrier(async_op=True).wait()
+    # The last rank arrives late; no rank may leave before it arrived (arrival times shared by
+    # an all_reduce afterwards; the ranks share one clock). In both forms.
+    late = W - 1
+    for form in ("blocking", "async"):
+        arrived = 0.0
+        if rank == late:
+            time.sleep(0.3)
+            arrived = time.time()
+        if form == "blocking":
+            dist.barrier()
+        else:
+            dist.barrier(async_op=True).wait()
+        left = time.time()
+        t = torch.tensor([arrived], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if left < t.item():
+            return "%s barrier: rank %d left %.3f s before rank %d arrived" % (form, rank, t.item() - left, late)
 
 
 def check_sequence_number():

@@ -51,12 +51,15 @@ class Checker:
         self.report(name, res is None or res is True, "" if res in (None, True) else str(res))
 
     def expect(self, name, exc_type, fn, *args, contains=None, **kwargs):
-        """fn must raise exc_type (and its message must contain `contains`)."""
+        """fn must raise exc_type (and its message must contain `contains`: a string, or a
+        list of strings that must all be there)."""
+        needles = [contains] if isinstance(contains, str) else list(contains or ())
         try:
             fn(*args, **kwargs)
         except exc_type as e:
-            if contains and contains not in str(e):
-                self.report(name, False, "raised %s without %r: %s" % (type(e).__name__, contains, e))
+            missing = [n for n in needles if n not in str(e)]
+            if missing:
+                self.report(name, False, "raised %s without %r: %s" % (type(e).__name__, missing, e))
             else:
                 self.report(name, True, "%s: %s" % (type(e).__name__, str(e)[:200]))
             return
