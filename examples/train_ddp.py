@@ -91,6 +91,12 @@ def main():
         if rank == 0:
             print("step %3d  loss %.6f" % (step, global_loss.item()), flush=True)
 
+    # DDP averages the gradients, so every rank takes the same steps: the models agree. Each
+    # rank prints a checksum of its parameters (one write, so lines of ranks do not mix).
+    checksum = sum(float((p.detach().double().flatten() * torch.arange(1, p.numel() + 1, dtype=torch.float64,
+                                                                         device=p.device)).sum())
+                   for p in model.parameters())
+    os.write(1, ("rank %d parameter checksum %.17g\n" % (rank, checksum)).encode())
     dist.barrier()
     if rank == 0:
         print("done: %d ranks on %s, backend %s" % (world, device, dist.get_backend()), flush=True)

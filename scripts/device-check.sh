@@ -8,6 +8,7 @@
 # --quick builds only what the GPU path needs and runs its steps, each under its own time limit
 # so that one hang cannot eat the run:
 #   gpu_copier       the arena copier on the GPU (lanes, fences, ordering)
+#   gpu_kernels      the reduction kernel per dtype x op against a host reference
 #   gpu_collectives  every collective x dtype beside NCCL, through smddprun (2 GPUs)
 #   gpu_capture      collectives refused inside CUDA graph captures, captures beside them
 #   gpu_training     DDP / FSDP1 / FSDP2 parity with NCCL (2 GPUs)
@@ -21,9 +22,49 @@
 #   bench_across_nodes  CUDA tensors across 2 x 2 simulated nodes: hierarchical beside staged,
 #                    and the previous build's path beside them when .old-tree holds its sources
 # --steps a,b runs only those steps; --skip a,b leaves them out; --fail-fast stops at the first
-# failing step. Without --quick, the ctest
-# suites (labels: --only) and scripts/bench_gpu.sh run instead.
+# failing step. Each step's line and summary.json say how many of its tests skipped (exit
+# status 77: all of them). Without --quick, the ctest suites (labels: --only) and
+# scripts/bench_gpu.sh run instead.
 set -uo pipefail
+
+# Tests a step's log says were skipped: the last pytest summary line's "N skipped", else
+# gtest's "[  SKIPPED ] N tests"; 0 when neither says so (benchmarks, probes).
+skipped_in() {
+  local log="$1" line n
+  line="$(grep -E '[0-9]+ (passed|failed|skipped|errors?|deselected)( |,|$)' "$log" 2>/dev/null | tail -1)"
+  if [ -n "$line" ]; then
+    n="$(grep -oE '[0-9]+ skipped' <<<"$line" | grep -oE '[0-9]+')"
+    echo "${n:-0}"; return
+  fi
+  n="$(grep -oE '^\[  SKIPPED \] [0-9]+ tests?' "$log" 2>/dev/null | grep -oE '[0-9]+' | tail -1)"
+  echo "${n:-0}"
+}
+
+# summary.json: each step's exit status (77: every test of it skipped), and under "skipped"
+# the steps that skipped tests, with how many.
+write_summary() {  # write_summary: from step_rc and step_skipped
+  local first=1 k
+  echo "{"
+  for k in "${!step_rc[@]}"; do
+    [ $first -eq 1 ] || echo ","
+    first=0
+    printf '  "%s": %s' "$k" "${step_rc[$k]}"
+  done
+  [ $first -eq 1 ] || echo ","
+  printf '  "skipped": {'
+  first=1
+  for k in "${!step_skipped[@]}"; do
+    [ "${step_skipped[$k]}" -gt 0 ] || continue
+    [ $first -eq 1 ] || printf ','
+    first=0
+    printf ' "%s": %s' "$k" "${step_skipped[$k]}"
+  done
+  echo " }"
+  echo "}"
+}
+# Sourced (tests/scripts): the functions above only.
+if [ "${BASH_SOURCE[0]}" != "$0" ]; then return 0; fi
+
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 OUT="${OUT:-$here/device-out}"
@@ -56,7 +97,7 @@ done
 jobs=$(nproc)
 build="$here/build-device"
 summary="$OUT/summary.json"
-declare -A step_rc
+declare -A step_rc step_skipped
 
 step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
   local name="$1"; shift
@@ -69,7 +110,14 @@ step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
   local t0=$SECONDS
   "$@" >"$OUT/$name.log" 2>&1
   step_rc[$name]=$?
-  echo "$name: rc=${step_rc[$name]} ($((SECONDS - t0)) s)"
+  step_skipped[$name]="$(skipped_in "$OUT/$name.log")"
+  local note=""
+  if [ "${step_rc[$name]}" -eq 77 ]; then
+    note=", SKIPPED: every test skipped (${step_skipped[$name]})"
+  elif [ "${step_skipped[$name]}" -gt 0 ]; then
+    note=", ${step_skipped[$name]} tests SKIPPED"
+  fi
+  echo "$name: rc=${step_rc[$name]} ($((SECONDS - t0)) s)$note"
   if [ "${step_rc[$name]}" -ne 0 ] && [ "$fail_fast" -eq 1 ]; then failed=1; fi
   # A step cut by its time limit may leave its job behind (by exact process name only).
   pkill -9 -x smddp-daemon 2>/dev/null || true
@@ -85,10 +133,11 @@ step() {  # step NAME COMMAND...: runs it with its log in $OUT/NAME.log
 step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 if [ "$quick" -eq 1 ]; then
   step build cmake --build "$build" -j"$jobs" --target smddp-daemon smddp-ctl smddp_torch_plugin smddprun \
-    arena_copier_tests
+    arena_copier_tests reduce_kernel_tests
   if [ "${step_rc[build]}" -eq 0 ]; then
     # The arena copier on the GPU (CUDA tensors across nodes): lanes, fences, ordering.
     step gpu_copier timeout 120 "$build/bin/arena_copier_tests"
+    step gpu_kernels timeout 240 "$build/bin/reduce_kernel_tests"
     py="$(command -v python3)"
     gpu_env=(env SMDDP_BUILD_DIR="$build" SMDDP_TEST_PYTHON="$py" PYTHONPATH="$build/python")
     pytest_args=(-x -q -rs -p no:cacheprovider)
@@ -145,16 +194,6 @@ elif step build cmake --build "$build" -j"$jobs"; [ "${step_rc[build]}" -eq 0 ];
 fi
 cp "$build/CMakeCache.txt" "$OUT/" 2>/dev/null || true
 
-{
-  echo "{"
-  first=1
-  for k in "${!step_rc[@]}"; do
-    [ $first -eq 1 ] || echo ","
-    first=0
-    printf '  "%s": %s' "$k" "${step_rc[$k]}"
-  done
-  echo
-  echo "}"
-} >"$summary"
+write_summary >"$summary"
 cat "$summary"
 grep -E "tests passed|tests failed" "$OUT/tests.log" 2>/dev/null || true

@@ -578,7 +578,9 @@ TEST(Client, AnOpOnMemoryAnEarlierOneWritesWaitsForItsEnd) {
   auto a = c->world()->allreduce(buf.data(), buf.data(), n, DType::Float32, ReduceOp::Sum);
   ASSERT_TRUE(daemon.wait_for_requests(1));
   auto b = c->world()->allreduce(buf.data() + n / 2, buf.data() + n / 2, n / 2, DType::Float32, ReduceOp::Sum);
-  std::this_thread::sleep_for(30ms);
+  // An op that may go is posted before its call returns: once the daemon took everything
+  // posted so far, the second op must not be among it (no sleep to guess with).
+  daemon.settle();
   EXPECT_EQ(daemon.requests().size(), 1u) << "the second op went before the first one wrote the memory";
   daemon.release_held();
   a->wait(10s);

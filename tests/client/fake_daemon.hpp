@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -103,6 +104,15 @@ class FakeDaemon {
     std::lock_guard lk(mu_);
     return held_.size();
   }
+  // Returns once a whole pass over the rings began after the call and ended: every request
+  // posted before it has been taken and handled, so requests() then shows all that came.
+  void settle() {
+    const auto start = passes_.load();
+    while (passes_.load() < start + 2) {
+      header().daemon_bell.ring();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
   // Waits until at least `n` requests arrived; false on timeout.
   bool wait_for_requests(std::size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     std::unique_lock lk(mu_);
@@ -140,6 +150,7 @@ class FakeDaemon {
           handle(r, d);
         }
       }
+      passes_.fetch_add(1);
       if (!any) h.daemon_bell.wait(ticket, std::chrono::milliseconds(5));
     }
   }
@@ -198,6 +209,7 @@ class FakeDaemon {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> frozen_{false};
+  std::atomic<std::uint64_t> passes_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   Policy policy_;

@@ -198,9 +198,8 @@ TEST(DaemonConfig, OutOfRangeValuesNameTheKey) {
   expect_invalid("", {"daemon.exit_grace_s=-1"}, {"daemon.exit_grace_s"});
 }
 
-// BUG (reported to the lead): program_options parses "-1" into the unsigned chunk_kib as
-// 2^64-1, which passes the ">= 4" check and overflows chunk_bytes. Enable once chunk_kib has an
-// upper bound (arena_mib is caught only by its own upper bound).
+// program_options parses "-1" into the unsigned chunk_kib as 2^64-1: only chunk_kib's upper
+// bound stops it from overflowing chunk_bytes.
 TEST(DaemonConfig, NegativeChunkKibIsRejected) {
   expect_invalid("", {"daemon.chunk_kib=-1"}, {"daemon.chunk_kib"});
 }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -180,11 +181,22 @@ TEST(DaemonDirectRead, AReaderThatLeftHoldsNoRegion) {
     }
   }
   for (int round = 0; round < 20; ++round) {
+    // Inputs that differ per rank, element and round, and outputs reset: a pair allgather that
+    // copied nothing, left stale bytes or swapped the blocks fails.
+    auto value = [&](int r, std::uint64_t i) { return static_cast<std::int32_t>(round * 1000 + r * 100 + static_cast<int>(i)); };
+    for (int r = 0; r < 2; ++r) {
+      for (std::uint64_t i = 0; i < count; ++i) in[static_cast<std::size_t>(r)][i] = value(r, i);
+      std::fill(out[static_cast<std::size_t>(r)].begin(), out[static_cast<std::size_t>(r)].end(), -1);
+    }
     std::vector<WorkPtr> p;
     for (int r = 0; r < 2; ++r)
       p.push_back(pair[r]->allgather(in[r].data(), out[r].data(), count, DType::Int32));
     wait_all(p);
-    ASSERT_EQ(out[0][count], 7) << "round " << round;
+    for (int r = 0; r < 2; ++r)
+      for (int q = 0; q < 2; ++q)
+        for (std::uint64_t i = 0; i < count; ++i)
+          ASSERT_EQ(out[static_cast<std::size_t>(r)][static_cast<std::uint64_t>(q) * count + i], value(q, i))
+              << "round " << round << ", rank " << r << "'s block of rank " << q << ", element " << i;
   }
   for (auto& r : ranks) r->detach();
 }

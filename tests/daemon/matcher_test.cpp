@@ -177,9 +177,8 @@ TEST(Matcher, FailedSeqStaysFailedForLaterChunks) {
   EXPECT_EQ(m.post(1, 1, coll(OpType::AllReduce, 5, 8), t0).size(), 1u);
 }
 
-// BUG (reported to the lead): a chunk of the failed seq that a rank had already posted before
-// the failure stays pending (only later posts see the failed seq), so that rank waits for the
-// full collective timeout. Enable once the matcher fails pending chunks of a failed seq.
+// A chunk of the failed seq that a rank had posted before the failure fails with it, at once,
+// instead of waiting out the collective timeout.
 TEST(Matcher, FailedSeqAlsoFailsChunksAlreadyPending) {
   Matcher m(local(2), 1000ms);
   auto chunk = [](std::uint64_t off, DType t) {

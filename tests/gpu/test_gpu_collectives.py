@@ -15,7 +15,7 @@ def test_gpu_collectives(launcher):
     n = gpu_ranks()
     res = run_job("gpu_collectives_worker.py", n, args=["--big"] if launcher == "smddprun" else [],
                   launcher=launcher, timeout=600)
-    res.assert_ok(min_checks=n * 400)
+    res.assert_ok(min_checks=400)
 
 
 def test_gpu_expandable_segments():
@@ -23,7 +23,7 @@ def test_gpu_expandable_segments():
     n = gpu_ranks()
     res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579,4194311"], timeout=600,
                   extra_env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
-    res.assert_ok(min_checks=n * 200)
+    res.assert_ok(min_checks=200)
 
 
 def test_gpu_daemon_exec():
@@ -32,7 +32,7 @@ def test_gpu_daemon_exec():
     n = gpu_ranks()
     res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579,4194311"], timeout=600,
                   extra_env={"SMDDP_GPU_EXEC": "daemon"})
-    res.assert_ok(min_checks=n * 200)
+    res.assert_ok(min_checks=200)
 
 
 @pytest.mark.parametrize("form", [{}, {"SMDDP_COPY_DIRECTION": "pull"}, {"SMDDP_TWOSHOT": "pull"},
@@ -45,7 +45,7 @@ def test_gpu_other_forms(form):
     n = gpu_ranks()
     res = run_job("gpu_collectives_worker.py", n, args=["--sizes", "7,1048579,3145739"], timeout=600,
                   extra_env=dict(form, SMDDP_FAST_MAX_BYTES="0"))
-    res.assert_ok(min_checks=n * 300)
+    res.assert_ok(min_checks=300)
 
 
 @pytest.mark.parametrize("other", [16, 1 << 23])

@@ -17,4 +17,4 @@ def test_training_parity(launcher):
     # SMDDP_TEST_STACKS_AFTER=S: each rank prints its Python stacks after S seconds (a hang's place).
     extra = {k: os.environ[k] for k in ("SMDDP_TEST_STACKS_AFTER",) if os.environ.get(k)}
     res = run_job("gpu_training_worker.py", n, launcher=launcher, timeout=600, extra_env=extra)
-    res.assert_ok(min_checks=n * 6)
+    res.assert_ok(min_checks=6)

@@ -3,6 +3,7 @@
 // float64 or exact integers). Prints one line per failure; exits 1 if anything was wrong.
 //
 //   collective_check [--sizes 0,1,7,262147] [--big-bytes 67108864] [--dtypes all|float32,...]
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,9 +23,41 @@ namespace {
 int g_failures = 0;
 int g_cases = 0;
 
+// The bool inputs of tests/python/workers/common.py's pattern(): element i is true on the
+// ranks whose bit is set in a mask of i (elements 0-2 spell the rank's low three bits; then all
+// ranks, none, or a hashed mix), so AND, OR and XOR vary per element and differ from every
+// rank's input, and no two ranks' inputs are the same. The index is folded to 16 bits
+// (i ^ i >> 16, so blocks starting at multiples of 65536 still differ) and the masks kept in
+// one table built at compile time: a hash per element and rank would cost the 64 MiB cases
+// a minute.
+constexpr std::uint64_t kMasks = 65536;
+
+constexpr std::uint64_t element_hash(std::uint64_t i) {
+  std::uint64_t x = (i * 2654435761u) % 4294967296u;
+  x ^= x >> 13;
+  x = (x * 1540483477u) % 4294967296u;
+  return x ^ (x >> 13);
+}
+
+// Built at compile time (the table is part of the program, nothing to set up at run time).
+constexpr std::array<std::uint8_t, kMasks> kBoolMasks = [] {
+  constexpr std::uint8_t kRankBits[] = {0xAA, 0xCC, 0xF0};
+  std::array<std::uint8_t, kMasks> m{};
+  for (std::uint64_t i = 0; i < kMasks; ++i) {
+    const std::uint64_t e = element_hash(i);
+    m[i] = static_cast<std::uint8_t>(i < 3 ? kRankBits[i] : e % 3 == 0 ? 0xFF : e % 3 == 1 ? 0 : (e >> 8) & 0xFF);
+  }
+  return m;
+}();
+
+[[gnu::always_inline]] inline bool bool_value(int rank, std::uint64_t i) {
+  return (kBoolMasks[(i ^ (i >> 16)) & 0xFFFF] >> (static_cast<unsigned>(rank) % 8)) & 1;
+}
+
 // Values small enough that sums and products of a few ranks are exact in every type.
-double value(int rank, std::uint64_t i, DType t) {
-  if (t == DType::Bool) return static_cast<double>((static_cast<std::uint64_t>(rank) + i) % 3 == 0);
+// Inlined: it runs for every element of every rank in the 64 MiB cases.
+[[gnu::always_inline]] inline double value(int rank, std::uint64_t i, DType t) {
+  if (t == DType::Bool) return bool_value(rank, i) ? 1.0 : 0.0;
   if (t == DType::UInt8) return static_cast<double>((static_cast<std::uint64_t>(rank) * 3 + i) % 5);
   return static_cast<double>(static_cast<std::int64_t>((static_cast<std::uint64_t>(rank + 1) * (i % 13) +
                                                         static_cast<std::uint64_t>(rank)) % 9) - 4);

@@ -10,6 +10,7 @@ SMDDP_TEST_PYTHON (default /usr/bin/python3).
 
 import glob
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -93,6 +94,49 @@ def pid_alive(pid):
         return False
 
 
+# ---- skips, counted where the suites are counted ----------------------------------------------
+SKIP_EXIT = 77  # ctest's SKIP_RETURN_CODE (tests/python and tests/gpu CMakeLists.txt): shown as Skipped
+
+
+def _skip_reason(report):
+    lr = report.longrepr
+    return lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """pytest exits 0 when every test skipped, which ctest would count as Passed. Here a run in
+    which no test ran (all skipped, or none collected) exits SKIP_EXIT instead; under
+    SMDDP_MUST_RUN=1 (a suite that must run on this machine) any skip fails the run. Runs with
+    skips write their summary into SMDDP_SKIP_REPORT (a folder: scripts/test.sh prints it)."""
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is None:
+        return
+    stats = tr.stats
+    skipped = stats.get("skipped", [])
+    ran = sum(len(stats.get(k, [])) for k in ("passed", "failed", "error", "xfailed", "xpassed"))
+    reasons = sorted({_skip_reason(r) for r in skipped})
+    folder = os.environ.get("SMDDP_SKIP_REPORT")
+    if folder:
+        suite = os.environ.get("SMDDP_SUITE") or "_".join(os.path.basename(str(a)) for a in session.config.args)
+        path = os.path.join(folder, suite + ".txt")
+        if skipped or ran == 0:
+            os.makedirs(folder, exist_ok=True)
+            with open(path, "w") as f:
+                f.write("%s: %d ran, %d skipped: %s\n" % (suite, ran, len(skipped), "; ".join(reasons) or "no tests"))
+        elif os.path.exists(path):
+            os.remove(path)
+    if exitstatus not in (0, 5):  # failures stay failures
+        return
+    if os.environ.get("SMDDP_MUST_RUN") == "1" and (skipped or ran == 0):
+        tr.write_line("FAILED: %d tests skipped (%d ran) in a suite that must run here (SMDDP_MUST_RUN=1): %s"
+                      % (len(skipped), ran, "; ".join(reasons) or "no tests collected"), red=True)
+        session.exitstatus = 1
+    elif ran == 0:
+        tr.write_line("every test skipped (%s): exit %d, which ctest reports as Skipped"
+                      % ("; ".join(reasons) or "no tests collected", SKIP_EXIT), yellow=True)
+        session.exitstatus = SKIP_EXIT
+
+
 @pytest.fixture
 def master_port():
     return str(free_port())
@@ -109,25 +153,33 @@ def read_records(folder):
 
 
 class JobResult:
-    def __init__(self, proc, launcher="smddprun", elapsed=0.0, records=""):
+    def __init__(self, proc, launcher="smddprun", elapsed=0.0, records="", world=1):
         self.returncode = proc.returncode
         self.output = proc.stdout
         self.launcher = launcher
         self.elapsed = elapsed
+        self.world = world  # ranks the job started
+        self.records = records or self.output  # the record lines (workers/common.py emit())
         self.checks = {}  # (rank, name) -> (ok, detail)
+        self.check_lines = {}  # rank -> SMDDP-CHECK lines read (a name reported twice counts twice)
+        self.done = {}  # rank -> (checks, failed) from 'SMDDP-DONE rank N checks C failed F'
         self.jobs = {}  # rank -> (job id, daemon pid, launch path) from 'SMDDP-JOB' lines
         # The workers' own record files where they wrote them: whole lines, whatever the
         # launcher did to the output they also went to.
-        for line in (records or self.output).splitlines():
+        for line in self.records.splitlines():
             if line.startswith("SMDDP-JOB "):
                 parts = line.split()
                 if len(parts) == 5:
                     self.jobs[int(parts[1])] = (parts[2], int(parts[3]), parts[4])
+            m = re.match(r"SMDDP-DONE rank (\d+) checks (\d+) failed (\d+)$", line)
+            if m:
+                self.done[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
             if "SMDDP-CHECK " not in line:
                 continue
             parts = line.split("SMDDP-CHECK ", 1)[1].split(" ", 3)
             rank, name, status = int(parts[0]), parts[1], parts[2]
             self.checks[(rank, name)] = (status == "OK", parts[3] if len(parts) > 3 else "")
+            self.check_lines[rank] = self.check_lines.get(rank, 0) + 1
 
     def failures(self):
         return ["rank %d %s: %s" % (r, n, d) for (r, n), (ok, d) in sorted(self.checks.items()) if not ok]
@@ -137,9 +189,15 @@ class JobResult:
 
     def leftovers(self, wait_s=10.0):
         """Daemons of this job still running and segments of it still in /dev/shm, after
-        giving the daemons wait_s to notice that the ranks are gone."""
-        daemons = {pid for (_, pid, _) in self.jobs.values() if pid > 0}
-        jobs = {job for (job, _, _) in self.jobs.values() if job != "?"}
+        giving the daemons wait_s to notice that the ranks are gone. The ranks must have said
+        which daemon and job served them (SMDDP-JOB lines with a pid and a job id): without
+        that there would be nothing to look for, and no leftovers would prove nothing."""
+        assert set(self.jobs) == set(range(self.world)), "SMDDP-JOB from ranks %s of %d\n%s" % (
+            sorted(self.jobs), self.world, self.output[-3000:])
+        unknown = {r: j for r, j in self.jobs.items() if j[0] == "?" or j[1] <= 0}
+        assert not unknown, "ranks that did not learn their job or daemon: %s" % unknown
+        daemons = {pid for (_, pid, _) in self.jobs.values()}
+        jobs = {job for (job, _, _) in self.jobs.values()}
         deadline = time.time() + wait_s
         while time.time() < deadline and any(pid_alive(p) for p in daemons):
             time.sleep(0.05)
@@ -155,14 +213,28 @@ class JobResult:
         assert paths and set(paths.values()) == {want}, "launch paths by rank %s, expected %s" % (paths, want)
         assert len({job for (job, _, _) in self.jobs.values()}) == 1, "ranks saw different jobs: %s" % self.jobs
 
-    def assert_ok(self, min_checks=1):
+    def assert_ok(self, min_checks=1, started=True):
+        """The job passed, and every one of its ranks made at least min_checks checks (each
+        rank's SMDDP-DONE line, matched by the SMDDP-CHECK lines read from it). started: the
+        ranks joined a job (init_process_group returned), so each must have reported its job
+        and launch path, and nothing of the job may be left; False for ranks whose init must fail."""
         tail = "\n".join(self.output.splitlines()[-60:])
         assert self.returncode == 0, "job exited with %d; failures: %s\n--- output tail ---\n%s" % (
             self.returncode, self.failures(), tail)
         assert not self.failures(), "failed checks:\n  " + "\n  ".join(self.failures())
-        assert len(self.checks) >= min_checks, "only %d checks reported\n%s" % (len(self.checks), tail)
-        if self.jobs:
-            self.assert_launch_path()
+        missing = [r for r in range(self.world) if r not in self.done]
+        assert not missing, "ranks %s of %d wrote no SMDDP-DONE line\n%s" % (missing, self.world, tail)
+        for r in range(self.world):
+            made, failed = self.done[r]
+            assert failed == 0, "rank %d says %d checks failed" % (r, failed)
+            assert made >= min_checks, "rank %d made %d checks, expected at least %d\n%s" % (r, made, min_checks, tail)
+            read = self.check_lines.get(r, 0)
+            assert read == made, "rank %d made %d checks, %d were read" % (r, made, read)
+        assert set(self.done) == set(range(self.world)), "SMDDP-DONE from ranks %s" % sorted(self.done)
+        if not started:
+            assert not self.jobs, "ranks joined a job though their init should have failed: %s" % self.jobs
+            return
+        self.assert_launch_path()
         left = self.leftovers()
         assert not left, "left behind after the job: %s" % left
 
@@ -230,13 +302,16 @@ def run_job(worker, nproc, args=(), timeout=240, extra_env=None, smddprun_args=(
                os.path.join(WORKERS, worker), *map(str, args)]
     else:
         raise ValueError(launcher)
+    # --simulate-nodes K runs K nodes of nproc ranks each.
+    sim = list(smddprun_args)
+    world = nproc * (int(sim[sim.index("--simulate-nodes") + 1]) if "--simulate-nodes" in sim else 1)
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               timeout=timeout, cwd=WORKERS)
     finally:
         records = read_records(env["SMDDP_TEST_RECORDS"])
-    return JobResult(proc, launcher, time.time() - t0, records)
+    return JobResult(proc, launcher, time.time() - t0, records, world=world)
 
 
 def run_plain(worker, args=(), env_overrides=None, timeout=120):

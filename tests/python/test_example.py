@@ -1,4 +1,5 @@
-"""examples/train_ddp.py runs under smddprun and under plain mpirun, and its loss falls."""
+"""examples/train_ddp.py runs under smddprun and under plain mpirun, its loss falls and the
+ranks end with the same parameters (DDP kept them in step)."""
 
 import os
 import re
@@ -15,6 +16,10 @@ def test_train_ddp_example(launcher):
     losses = [float(m) for m in re.findall(r"step +\d+ +loss ([0-9.]+)", job.output)]
     assert len(losses) == 10 and losses[-1] < losses[0], losses
     assert "backend smddp" in job.output
+    # Each rank trains on its own shard: only averaged gradients keep the models equal.
+    sums = {int(r): s for r, s in re.findall(r"^rank (\d+) parameter checksum (\S+)$", job.output, re.M)}
+    assert sorted(sums) == [0, 1], "checksum lines: %s\n%s" % (sums, job.output[-3000:])
+    assert len(set(sums.values())) == 1, "the ranks' parameters differ: %s" % sums
 
 
 def test_show_status_is_current():

@@ -9,13 +9,13 @@ from conftest import run_job
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_torchrun_collectives(nproc):
-    run_job("collectives_worker.py", nproc, launcher="torchrun").assert_ok(min_checks=nproc * 150)
+    run_job("collectives_worker.py", nproc, launcher="torchrun").assert_ok(min_checks=150)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_torchrun_ddp(nproc):
     job = run_job("ddp_worker.py", nproc, launcher="torchrun")
-    job.assert_ok(min_checks=nproc * 8)
+    job.assert_ok(min_checks=8)
     assert "ddp.plain" in job.names(0)
 
 

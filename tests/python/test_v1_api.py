@@ -10,5 +10,5 @@ from conftest import LAUNCHERS, run_job
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_v1_api_trains(launcher, nproc):
     job = run_job("v1_api_worker.py", nproc, launcher=launcher)
-    job.assert_ok(min_checks=2 * nproc)
+    job.assert_ok(min_checks=2)
     assert "v1 step 19 loss" in job.output

@@ -67,7 +67,9 @@ def mismatched_sizes():
     dist.all_reduce(torch.zeros(4 + rank))
 
 
-case("size_mismatch_across_ranks", E.SMDDPMismatchError, mismatched_sizes)
+# The message names every rank's call (daemon/matcher.cpp describe_call).
+case("size_mismatch_across_ranks", E.SMDDPMismatchError, mismatched_sizes,
+     contains=["rank %d called allreduce(float32, count=%d," % (r, 4 + r) for r in range(W)])
 
 
 def mismatched_ops():
@@ -77,7 +79,9 @@ def mismatched_ops():
         dist.broadcast(torch.zeros(4), src=0)
 
 
-case("op_mismatch_across_ranks", E.SMDDPMismatchError, mismatched_ops)
+case("op_mismatch_across_ranks", E.SMDDPMismatchError, mismatched_ops,
+     contains=["rank 0 called allreduce(float32, count=4,"] +
+              ["rank %d called broadcast(float32, count=4, root=0)" % r for r in range(1, W)])
 
 # Complex tensors reach smddp as real views (torch does that for SUM): they must work.
 def complex_sum():

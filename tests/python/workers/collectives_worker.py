@@ -6,7 +6,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from common import Checker, chained_across_sizes, chained_list_forms, chained_on_one_tensor, close, init
+from common import (Checker, chained_across_sizes, chained_list_forms, chained_on_one_tensor, close, discriminates, init,
+                    pattern)
 
 rank, W = init()
 gloo = dist.new_group(backend="gloo")
@@ -22,17 +23,8 @@ N = 10
 
 
 def values(r, n, dname, kind="small"):
-    """Rank r's input: small non-negative integers exact in every dtype."""
-    i = torch.arange(n, dtype=torch.float64)
-    if dname == "bool":
-        return ((i + r) % 3 == 0)
-    if kind == "prod":
-        v = (i + r) % 3 + 1
-    elif kind == "bits":
-        v = (i * 7 + r * 13) % 64
-    else:
-        v = (i % 5) + r + 1
-    return v.to(DTYPES[dname])
+    """Rank r's input (common.pattern): reductions of it vary per element and per rank."""
+    return pattern(r, n, DTYPES[dname], kind)
 
 
 def reference_reduce(stack, op, dname):
@@ -106,7 +98,11 @@ def compare(got, want, dname, gloo_fn=None):
 def check_allreduce(op, dname, tensor_factor=False):
     kind = "prod" if op == "PRODUCT" else "bits" if op in ("BAND", "BOR", "BXOR") else "small"
     t = values(rank, N, dname, kind)
-    want = reference_reduce(torch.stack([values(r, N, dname, kind) for r in range(W)]), op, dname)
+    inputs = [values(r, N, dname, kind) for r in range(W)]
+    want = reference_reduce(torch.stack(inputs), op, dname)
+    err = discriminates(inputs, want)
+    if err:
+        return "inputs cannot tell: " + err
     dist.all_reduce(t, op=torch_op(op, tensor_factor))
 
     def via_gloo():
@@ -161,10 +157,17 @@ def check_all_gather_into_tensor(dname):
     return compare(out, want, dname)
 
 
+RS_BLOCK = 16  # elements each rank gets: enough that every rank's expected block differs
+
+
 def check_reduce_scatter(dname, tensor_form, op="SUM"):
-    full = [values(r, W * 4, dname) for r in range(W)]
-    want = reference_reduce(torch.stack(full), op, dname)[rank * 4:(rank + 1) * 4]
-    out = torch.zeros(4, dtype=DTYPES[dname])
+    full = [values(r, W * RS_BLOCK, dname) for r in range(W)]
+    whole = reference_reduce(torch.stack(full), op, dname)
+    err = discriminates(full, whole, block=RS_BLOCK)
+    if err:
+        return "inputs cannot tell: " + err
+    want = whole[rank * RS_BLOCK:(rank + 1) * RS_BLOCK]
+    out = torch.zeros(RS_BLOCK, dtype=DTYPES[dname])
     if tensor_form:
         dist.reduce_scatter_tensor(out, full[rank], op=torch_op(op))
     else:
@@ -292,7 +295,8 @@ def check_all_reduce_coalesced():
             return err
     ts2 = [values(rank, 4, "int64"), values(rank, 5, "int64").view(5, 1)]
     dist.all_reduce_coalesced(ts2, op=dist.ReduceOp.MAX)
-    return compare(ts2[1], values(W - 1, 5, "int64").view(5, 1), "int64")
+    want = reference_reduce(torch.stack([values(r, 5, "int64") for r in range(W)]), "MAX", "int64")
+    return compare(ts2[1], want.view(5, 1), "int64")
 
 
 def check_all_gather_coalesced():
@@ -399,8 +403,23 @@ def check_objects():
 
 
 def check_barrier():
-    dist.barrier()
-    dist.barrier(async_op=True).wait()
+    # The last rank arrives late; no rank may leave before it arrived (arrival times shared by
+    # an all_reduce afterwards; the ranks share one clock). In both forms.
+    late = W - 1
+    for form in ("blocking", "async"):
+        arrived = 0.0
+        if rank == late:
+            time.sleep(0.3)
+            arrived = time.time()
+        if form == "blocking":
+            dist.barrier()
+        else:
+            dist.barrier(async_op=True).wait()
+        left = time.time()
+        t = torch.tensor([arrived], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if left < t.item():
+            return "%s barrier: rank %d left %.3f s before rank %d arrived" % (form, rank, t.item() - left, late)
 
 
 def check_sequence_number():

@@ -51,12 +51,15 @@ class Checker:
         self.report(name, res is None or res is True, "" if res in (None, True) else str(res))
 
     def expect(self, name, exc_type, fn, *args, contains=None, **kwargs):
-        """fn must raise exc_type (and its message must contain `contains`)."""
+        """fn must raise exc_type (and its message must contain `contains`: a string, or a
+        list of strings that must all be there)."""
+        needles = [contains] if isinstance(contains, str) else list(contains or ())
         try:
             fn(*args, **kwargs)
         except exc_type as e:
-            if contains and contains not in str(e):
-                self.report(name, False, "raised %s without %r: %s" % (type(e).__name__, contains, e))
+            missing = [n for n in needles if n not in str(e)]
+            if missing:
+                self.report(name, False, "raised %s without %r: %s" % (type(e).__name__, missing, e))
             else:
                 self.report(name, True, "%s: %s" % (type(e).__name__, str(e)[:200]))
             return
@@ -85,6 +88,81 @@ def close(a, b, rtol=0.0, atol=0.0):
         return None
     diff = (a.double() - b.double()).abs().max().item()
     return "max abs diff %g: %s vs %s" % (diff, a.flatten()[:8].tolist(), b.flatten()[:8].tolist())
+
+
+# ---- inputs whose reductions tell the ranks apart ------------------------------------------
+# Rank r's input at element i comes from a hash of (r, i) (xorshift steps make it non-linear),
+# so that every reduction's expected output varies per element, differs from every rank's own
+# input, and differs between the blocks a reduce-scatter hands each rank: a kernel that
+# writes zeros or ones, copies one rank's input, or puts a block in the wrong place fails.
+# tests/integration/collective_check.cpp builds its bool inputs the same way.
+
+def _mix(r, i):
+    """Hash of rank r and the int64 index tensor i; values below 2**31."""
+    x = (i * 40503 + (r + 1) * 9973) % 1048576
+    x = (x * 48271) % 2147483647
+    x = x ^ (x >> 11)
+    x = (x * 48271) % 2147483647
+    return x ^ (x >> 13)
+
+
+def _fold(i):
+    """i folded to 16 bits (i ^ i >> 16): collective_check.cpp keeps one table of 65536 bool
+    masks for its 64 MiB buffers; blocks starting at multiples of 65536 still differ."""
+    return (i ^ (i >> 16)) & 0xFFFF
+
+
+def _element_hash(i):
+    """Hash of the int64 index tensor i alone (folded); values below 2**32."""
+    i = _fold(i)
+    x = (i * 2654435761) % 4294967296
+    x = x ^ (x >> 13)
+    x = (x * 1540483477) % 4294967296
+    return x ^ (x >> 13)
+
+
+def pattern(r, n, dtype, kind="small", device="cpu"):
+    """Rank r's n-element input. bool: element i is true on the ranks whose bit is set in a
+    mask of i (elements 0-2, and those folding to them, spell the rank's low three bits, so
+    ranks 0-7 all differ; then all ranks, none, or a hashed mix). Numbers, exact in every
+    dtype: "small" 1..9 (sums of 8 ranks fit int8), "prod" 1..3, "bits" bits common to all
+    ranks (so AND is not 0) or'd with per-rank bits among a mask of the element's (so OR is
+    not all ones)."""
+    i = torch.arange(n, dtype=torch.int64, device=device)
+    e = _element_hash(i)  # the same on every rank
+    if dtype == torch.bool:
+        mask = torch.where(e % 3 == 0, torch.full_like(e, 0xFF), torch.where(e % 3 == 1, torch.zeros_like(e), (e >> 8) & 0xFF))
+        for k, m in enumerate((0xAA, 0xCC, 0xF0)):
+            mask = torch.where(_fold(i) == k, torch.full_like(e, m), mask)
+        return ((mask >> (r % 8)) & 1).bool()
+    x = _mix(r, i)
+    if kind == "prod":
+        v = x % 3 + 1
+    elif kind == "bits":
+        common = (e >> 3) & (e >> 9) & 0x3F
+        v = common | (x & ~common & (e >> 15) & 0x3F)
+    else:
+        v = x % 9 + 1
+    return v.to(dtype)
+
+
+def discriminates(inputs, want, block=None):
+    """None if the expected output `want` of a reduction over `inputs` (one per rank) can tell
+    a right result from a wrong one: it varies, equals no rank's input, and (block: the
+    elements each rank gets of a reduce-scatter) its blocks all differ. Else what is wrong."""
+    flat = want.flatten()
+    if flat.numel() >= 8 and bool((flat == flat[0]).all()):
+        return "the expected output is constant (%s)" % flat[0].item()
+    for r, x in enumerate(inputs):
+        if len(inputs) > 1 and x.shape == want.shape and torch.equal(x, want):
+            return "the expected output equals rank %d's input" % r
+    if block:
+        blocks = flat[:block * len(inputs)].view(len(inputs), block)
+        for a in range(len(inputs)):
+            for b in range(a):
+                if torch.equal(blocks[a], blocks[b]):
+                    return "the expected reduce-scatter blocks of ranks %d and %d are the same" % (b, a)
+    return None
 
 
 def announce(rank):

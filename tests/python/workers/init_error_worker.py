@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401  (maps OMPI_* to RANK/...)
 from smdistributed.dataparallel import exceptions as E
-from common import Checker
+from common import Checker, emit
 
 rank = int(os.environ.get("RANK", "0"))
 chk = Checker(rank)
@@ -36,7 +36,7 @@ def init_must_fail():
     except Exception as e:  # noqa: BLE001
         return "raised %s, expected %s: %s" % (type(e).__name__, exc_name, e)
     finally:
-        os.write(1, ("SMDDP-INIT-SECONDS %d %.3f\n" % (rank, time.time() - t0)).encode())
+        emit("SMDDP-INIT-SECONDS %d %.3f" % (rank, time.time() - t0))
     return "init_process_group did not raise"
 
 
