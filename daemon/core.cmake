@@ -8,6 +8,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/arena_sources.cpp
   ${CMAKE_CURRENT_LIST_DIR}/supervisor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/job_cleanup.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/reserved_port.cpp
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/daemon_status.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu_stats.cpp

@@ -22,6 +22,7 @@
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
 #include "daemon/job_cleanup.hpp"
+#include "daemon/reserved_port.hpp"
 #ifdef SMDDP_HAVE_FABRIC
 #include "daemon/internode/node_card.hpp"
 #include "daemon/internode/rail_map.hpp"
@@ -57,21 +58,6 @@ int cleanup_job(const std::string& job) {
   return report.nodes_left.empty() ? 0 : 1;
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 29500;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 29500;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
 struct MpiSession {
   MpiSession(int* argc, char*** argv) { MPI_Init(argc, argv); }
   ~MpiSession() { MPI_Finalize(); }
@@ -79,8 +65,9 @@ struct MpiSession {
   MpiSession& operator=(const MpiSession&) = delete;
 };
 
-// Node id, node count, hostnames and the rendezvous address, agreed over MPI.
-daemon::JobLayout bootstrap(int simulate_nodes) {
+// Node id, node count, hostnames and the rendezvous address, agreed over MPI. Node 0 holds the
+// rendezvous port in `port_held` for the job's life (daemon/reserved_port.hpp says why).
+daemon::JobLayout bootstrap(int simulate_nodes, std::optional<daemon::ReservedPort>& port_held) {
   daemon::JobLayout l;
   MPI_Comm_rank(MPI_COMM_WORLD, &l.node_id);
   MPI_Comm_size(MPI_COMM_WORLD, &l.num_nodes);
@@ -99,8 +86,20 @@ daemon::JobLayout bootstrap(int simulate_nodes) {
                              "(use smddprun, or --simulate-nodes K to test several nodes on one machine)");
   const bool one_host = distinct.size() == 1;
   l.master_addr = one_host ? "127.0.0.1" : std::string(&all[0]);
-  int port = l.node_id == 0 ? free_port() : 0;
+  // A failure to reserve it is broadcast as port 0, so every node fails the same way.
+  int port = 0;
+  std::string why;
+  if (l.node_id == 0) {
+    try {
+      port_held.emplace();
+      port = port_held->port();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
   MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (port == 0)
+    throw std::runtime_error(l.node_id == 0 ? why : "node 0 could not reserve the rendezvous port (its log says why)");
   l.master_port = port;
   return l;
 }
@@ -321,6 +320,7 @@ int main(int argc, char** argv) {
     if (!log_level.empty()) config.log_level = log_level;
 
     std::optional<MpiSession> mpi;
+    std::optional<daemon::ReservedPort> rendezvous_port;  // held until the daemon exits
     daemon::JobLayout layout;
     if (attach_mode) {
       if (node_id < 0 || num_nodes < 1 || node_id >= num_nodes) throw std::invalid_argument("bad --node-id/--num-nodes");
@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
       if (const char* p = std::getenv("MASTER_PORT")) layout.master_port = std::atoi(p);
     } else {
       mpi.emplace(&argc, &argv);
-      layout = bootstrap(simulate);
+      layout = bootstrap(simulate, rendezvous_port);
     }
     layout.job_id = job_id;
     layout.nproc_per_node = nproc;
