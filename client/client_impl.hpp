@@ -22,6 +22,10 @@ using Clock = std::chrono::steady_clock;
 // looks at the daemon's liveness.
 inline constexpr auto kSpin = std::chrono::microseconds(50);
 inline constexpr auto kSlice = std::chrono::milliseconds(20);
+// How often an idle progress thread looks at the job's state while this rank's GPU work may
+// wait on its peers (a failure handler is set): a peer's death must release those waits even
+// when nothing is in flight on the CPU side.
+inline constexpr auto kIdleWatch = std::chrono::milliseconds(100);
 inline constexpr auto kHeartbeatStale = std::chrono::seconds(3);
 inline constexpr auto kBackstop = std::chrono::seconds(15);  // beyond the daemon's own timeout
 inline constexpr auto kDefaultTimeout = std::chrono::milliseconds(30 * 60 * 1000);

@@ -250,7 +250,24 @@ void ClientImpl::progress_thread() {
     // Once the GPU fast path is in use nobody waits for its ops on the CPU: this thread
     // finishes them, and stays on the completion doorbell between them, so that issuing
     // one does not have to wake it.
-    work_cv_.wait(lk, [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_)); });
+    const auto runnable = [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_)); };
+    if (failure_handler_ && !failure_reported_) {
+      // The GPU path is in use: a hierarchical operation's closing barrier can keep this rank's
+      // GPU waiting on a peer after every operation finished here, with no thread of this
+      // process in the client. A peer's death must still reach the failure handler.
+      if (!work_cv_.wait_for(lk, kIdleWatch, runnable)) {
+        check_liveness_locked(callbacks);
+        if (!callbacks.callbacks.empty() || !callbacks.released.empty()) {
+          lk.unlock();
+          run(callbacks);
+          if (t_client_destroyed_here) return;
+          lk.lock();
+        }
+        continue;
+      }
+    } else {
+      work_cv_.wait(lk, runnable);
+    }
     if (stop_) return;
     const auto wakes = waker_->count.load(std::memory_order_acquire);
     progress_locked(callbacks);

@@ -156,7 +156,10 @@ if [ "$quick" -eq 1 ]; then
     # previous build (.old-tree: its sources, built here beside this one) on the same job shape.
     if [ "$fabric" = ON ] && [ "$bench" -eq 1 ]; then
       mkdir -p "$OUT/bench"
-      step bench_across_nodes timeout 180 "$py" scripts/bench_across_nodes.py --build "$build" \
+      # BENCH_ACROSS_SET="fabric.provider=shm daemon.chunk_kib=4096": daemon settings for it.
+      across_set=()
+      for kv in ${BENCH_ACROSS_SET:-}; do across_set+=(--set "$kv"); done
+      step bench_across_nodes timeout 180 "$py" scripts/bench_across_nodes.py --build "$build" "${across_set[@]}" \
         --ops allreduce,allgather,reducescatter --min 1M --max "${BENCH_ACROSS_MAX:-256M}" --json "$OUT/bench/across_nodes.json"
       if [ -d .old-tree ]; then
         step build_old bash -c "cmake -S .old-tree -B build-old -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
@@ -165,11 +168,13 @@ if [ "$quick" -eq 1 ]; then
           --ops allreduce,allgather,reducescatter --min 1M --max 256M --json "$OUT/bench/across_nodes_old.json"
       fi
     fi
-    step gpu_hier_big "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 180 "$py" -m pytest "${pytest_args[@]}" \
+    # About 110 s on the H200 host (656 checks); the results are compared on the GPU.
+    step gpu_hier_big "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 300 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_multinode.py -k 64mi
     step gpu_hier_training "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 180 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_multinode.py -k training
-    step gpu_hier_failures "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" timeout 180 "$py" -m pytest "${pytest_args[@]}" \
+    # A survivor still in its collectives 5 s after the victim's death prints its stacks.
+    step gpu_hier_failures "${gpu_env[@]}" SMDDP_HAVE_FABRIC="$fabric" SMDDP_TEST_STACKS_AFTER=5 timeout 180 "$py" -m pytest "${pytest_args[@]}" \
       tests/gpu/test_gpu_multinode.py -k killed
     if [ "$mpirun_training" -eq 1 ]; then
       # Plain mpirun (the plugin starts the daemon); the ranks print their stacks if it is slow.

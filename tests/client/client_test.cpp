@@ -419,6 +419,30 @@ TEST(Client, FailureHandlerRunsOnceWhenTheJobFails) {
   c->set_failure_handler(nullptr);  // before `calls` goes
 }
 
+TEST(Client, FailureHandlerRunsWhenTheJobFailsWithNothingInFlight) {
+  // A hierarchical operation's closing barrier can keep the GPU waiting on a peer after every
+  // operation finished on the CPU side: a peer that dies then must still reach the handler,
+  // which releases that wait, although the client has nothing in flight.
+  const auto job = unique_job("failidle");
+  FakeDaemon daemon(small_spec(job));
+  daemon.start();
+  auto c = Client::attach(attach_options(job));
+  std::atomic<int> calls{0};
+  c->set_failure_handler([&] { calls++; });
+  const auto in = iota_floats(100);
+  std::vector<float> out(100, 0.0f);
+  c->world()->allreduce(in.data(), out.data(), in.size(), DType::Float32, ReduceOp::Sum)->wait(30s);
+  std::this_thread::sleep_for(300ms);  // idle: the progress thread has nothing to do
+  EXPECT_EQ(calls.load(), 0) << "ran before any failure";
+  daemon.header().job_failed.store(1, std::memory_order_release);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (calls.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(calls.load(), 1) << "an idle client did not report the job's failure";
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(calls.load(), 1) << "reported more than once";
+  c->set_failure_handler(nullptr);  // before `calls` goes
+}
+
 // ---------------------------------------------------------------------------------------
 // Attach refusals
 

@@ -13,8 +13,11 @@ Arguments: <victim rank> <phase>, phase one of:
           operation's last part (the pushes and the closing barrier) or in the next one"""
 
 import datetime
+import faulthandler
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -53,6 +56,23 @@ for _ in range(3):  # good steps first: the rails exist, the mappings are made
     torch.cuda.synchronize()
     assert bool((t == W).all().item())
 
+# SMDDP_TEST_STACKS_AFTER=S: a survivor still in its collectives S seconds from here prints its
+# Python stacks and, where gdb is installed, every thread's native stack (where it hangs).
+stacks_after = float(os.environ.get("SMDDP_TEST_STACKS_AFTER", "0"))
+watchdog = None
+if stacks_after > 0 and rank != victim:
+    faulthandler.dump_traceback_later(stacks_after, exit=False)
+
+    def native_stacks():
+        gdb = shutil.which("gdb")
+        if gdb:
+            out = subprocess.run([gdb, "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+            sys.stderr.write("SMDDP-STACKS rank %d\n%s\n" % (rank, out))
+    watchdog = threading.Timer(stacks_after + 0.5, native_stacks)
+    watchdog.daemon = True
+    watchdog.start()
+
 if rank == victim:
     if phase == "before":
         time.sleep(0.5)  # the others are in the next all-reduce by now
@@ -76,6 +96,9 @@ try:
 except Exception as e:  # noqa: BLE001 - the test judges the class and the message
     line("SMDDP-SURVIVOR %d %s %.6f %s" % (rank, type(e).__name__, time.time(), e))
     rc = 1
+if watchdog is not None:
+    faulthandler.cancel_dump_traceback_later()
+    watchdog.cancel()
 # The GPU must not be left waiting for the victim: everything given to it finishes.
 done = threading.Event()
 threading.Thread(target=lambda: (torch.cuda.synchronize(), done.set()), daemon=True).start()
