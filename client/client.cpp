@@ -316,8 +316,12 @@ Client::GpuWork ClientImpl::gpu_work() const {
 }
 
 void ClientImpl::set_failure_handler(std::function<void()> handler) {
-  std::lock_guard lk(mu_);
-  failure_handler_ = std::move(handler);
+  {
+    std::lock_guard lk(mu_);
+    failure_handler_ = std::move(handler);
+  }
+  // The progress thread may sleep without a time limit: with a handler it must watch the job.
+  work_cv_.notify_all();
 }
 
 void ClientImpl::set_exec_handler(ExecHandler handler) {

@@ -251,7 +251,8 @@ void ClientImpl::progress_thread() {
     // finishes them, and stays on the completion doorbell between them, so that issuing
     // one does not have to wake it.
     const auto runnable = [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_)); };
-    if (failure_handler_ && !failure_reported_) {
+    const auto watching = [&] { return failure_handler_ && !failure_reported_; };
+    if (watching()) {
       // The GPU path is in use: a hierarchical operation's closing barrier can keep this rank's
       // GPU waiting on a peer after every operation finished here, with no thread of this
       // process in the client. A peer's death must still reach the failure handler.
@@ -266,7 +267,8 @@ void ClientImpl::progress_thread() {
         continue;
       }
     } else {
-      work_cv_.wait(lk, runnable);
+      work_cv_.wait(lk, [&] { return runnable() || watching(); });
+      if (!runnable()) continue;  // a failure handler came (set_failure_handler): watch the job
     }
     if (stop_) return;
     const auto wakes = waker_->count.load(std::memory_order_acquire);
