@@ -80,6 +80,9 @@ DaemonArgs parse_daemon_args(const std::vector<std::string>& args) {
     else if (flag == "--attach-timeout") a.attach_timeout_s = to_int(flag, take(), 1, 86400);
     else throw std::invalid_argument("unknown option " + flag);
   }
+  if (a.node_id >= a.num_nodes)
+    throw std::invalid_argument("--node-id " + std::to_string(a.node_id) + " is not below --num-nodes " +
+                                std::to_string(a.num_nodes) + " (node ids count from 0)");
   return a;
 }
 

@@ -323,7 +323,6 @@ int main(int argc, char** argv) {
     std::optional<daemon::ReservedPort> rendezvous_port;  // held until the daemon exits
     daemon::JobLayout layout;
     if (attach_mode) {
-      if (node_id < 0 || num_nodes < 1 || node_id >= num_nodes) throw std::invalid_argument("bad --node-id/--num-nodes");
       layout.node_id = node_id;
       layout.num_nodes = num_nodes;
       char host[256] = {};

@@ -45,4 +45,6 @@ TEST(DaemonCli, BadInputIsNamed) {
   fails({"--nproc-per-node", "0"}, "--nproc-per-node");
   fails({"--nproc-per-node", "4x"}, "4x");
   fails({"--attach-mode=1"}, "takes no value");
+  fails({"--attach-mode", "--node-id", "2", "--num-nodes", "2"}, "--node-id 2 is not below --num-nodes 2");
+  fails({"--node-id", "1"}, "is not below --num-nodes 1");
 }
