@@ -13,6 +13,7 @@ PKGS=(
   libfabric-dev libfabric-bin
   python3 python3-pytest python3-numpy python3-torch libtorch-dev pybind11-dev python3-dev
   python3-mpi4py
+  clang libclang-rt-14-dev
 )
 
 missing=()

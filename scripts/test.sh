@@ -11,9 +11,12 @@ cd "$here"
 
 jobs=$(nproc)
 if [ "${1:-}" = "--long" ]; then
-  # Long runs, kept out of the default (CI) run: every dtype at 64 MiB across simulated nodes.
-  ctest --test-dir build -L long --output-on-failure
-  exit $?
+  # Long runs, kept out of the default (CI) run: every dtype at 64 MiB across simulated nodes,
+  # 200 launches back to back, and each fuzz target for minutes.
+  long_status=0
+  ctest --test-dir build -L long --output-on-failure || long_status=1
+  ./scripts/fuzz.sh --long || long_status=1
+  exit $long_status
 fi
 status=0
 # Suites with skipped tests write one line each here (tests/python/conftest.py); printed at the end.
@@ -35,6 +38,9 @@ run() {
 
 run ctest --test-dir build -L unit -j"$jobs" --output-on-failure --timeout 600
 run ctest --test-dir build -L 'integration|python|gpu' -j1 --output-on-failure
+
+# libFuzzer targets (clang, ASan+UBSan) on their seed corpora, a fixed number of inputs each.
+run ./scripts/fuzz.sh
 
 if [ "${SMDDP_SKIP_SANITIZERS:-0}" != "1" ]; then
   for san in address thread; do
