@@ -252,44 +252,39 @@ void ClientImpl::progress_thread() {
     // one does not have to wake it.
     const auto runnable = [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_)); };
     const auto watching = [&] { return failure_handler_ && !failure_reported_; };
+    bool woken = true;
     if (watching()) {
       // The GPU path is in use: a hierarchical operation's closing barrier can keep this rank's
       // GPU waiting on a peer after every operation finished here, with no thread of this
       // process in the client. A peer's death must still reach the failure handler.
-      if (!work_cv_.wait_for(lk, kIdleWatch, runnable)) {
-        check_liveness_locked(callbacks);
-        if (!callbacks.callbacks.empty() || !callbacks.released.empty()) {
-          lk.unlock();
-          run(callbacks);
-          if (t_client_destroyed_here) return;
-          lk.lock();
-        }
-        continue;
-      }
+      woken = work_cv_.wait_for(lk, kIdleWatch, runnable);
     } else {
       work_cv_.wait(lk, [&] { return runnable() || watching(); });
       if (!runnable()) continue;  // a failure handler came (set_failure_handler): watch the job
     }
     if (stop_) return;
-    const auto wakes = waker_->count.load(std::memory_order_acquire);
-    progress_locked(callbacks);
-    const bool idle = active_ == 0 && !fast_seen_;
-    // Chunks wait for their copies in: spin a little first, as a waiting user thread does, to
-    // see them finish before their wake comes.
-    const bool copies_due = std::any_of(outbox_.begin(), outbox_.end(), [](const Staged& s) { return s.ticket != 0; });
-    lk.unlock();
-    run(callbacks);
-    if (t_client_destroyed_here) return;
-    if (!idle) {
-      const auto ready = [&] {
-        return !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
-               (copies_due && copies_in_finished()) || held_regions_free();
-      };
-      ipc::spin_then_wait(slot_.client_bell, ready, Clock::now() + kSlice,
-                          copies_due ? kSpin : std::chrono::microseconds(0),
-                          std::chrono::duration_cast<std::chrono::microseconds>(kSlice), [] { return false; });
+    if (woken) {
+      const auto wakes = waker_->count.load(std::memory_order_acquire);
+      progress_locked(callbacks);
+      const bool idle = active_ == 0 && !fast_seen_;
+      // Chunks wait for their copies in: spin a little first, as a waiting user thread does, to
+      // see them finish before their wake comes.
+      const bool copies_due =
+          std::any_of(outbox_.begin(), outbox_.end(), [](const Staged& s) { return s.ticket != 0; });
+      lk.unlock();
+      run(callbacks);
+      if (t_client_destroyed_here) return;
+      if (!idle) {
+        const auto ready = [&] {
+          return !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
+                 (copies_due && copies_in_finished()) || held_regions_free();
+        };
+        ipc::spin_then_wait(slot_.client_bell, ready, Clock::now() + kSlice,
+                            copies_due ? kSpin : std::chrono::microseconds(0),
+                            std::chrono::duration_cast<std::chrono::microseconds>(kSlice), [] { return false; });
+      }
+      lk.lock();
     }
-    lk.lock();
     check_liveness_locked(callbacks);
     if (!callbacks.callbacks.empty() || !callbacks.released.empty()) {
       lk.unlock();

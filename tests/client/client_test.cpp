@@ -393,6 +393,18 @@ TEST(Client, JobErrorReportsTheHeadersJobError) {
   EXPECT_EQ(c->job_error(), why);
 }
 
+// Fails the job in `daemon`'s header and checks that the failure handler counting `calls` ran
+// exactly once within 5 s, without any call into the client.
+static void expect_failure_reported_once(FakeDaemon& daemon, const std::atomic<int>& calls, const char* why_missing) {
+  EXPECT_EQ(calls.load(), 0) << "ran before any failure";
+  daemon.header().job_failed.store(1, std::memory_order_release);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (calls.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(calls.load(), 1) << why_missing;
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(calls.load(), 1) << "reported more than once";
+}
+
 TEST(Client, FailureHandlerRunsOnceWhenTheJobFails) {
   // The GPU fast path releases its waiting kernels from it: it must run although nobody
   // waits on the CPU (the progress thread notices), and only once.
@@ -407,13 +419,7 @@ TEST(Client, FailureHandlerRunsOnceWhenTheJobFails) {
   std::vector<float> out(100, 0.0f);
   auto w = c->world()->allreduce(in.data(), out.data(), in.size(), DType::Float32, ReduceOp::Sum);
   std::this_thread::sleep_for(50ms);
-  EXPECT_EQ(calls.load(), 0) << "ran before any failure";
-  daemon.header().job_failed.store(1, std::memory_order_release);
-  const auto until = std::chrono::steady_clock::now() + 5s;
-  while (calls.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(calls.load(), 1) << "the progress thread did not report the job's failure";
-  std::this_thread::sleep_for(100ms);
-  EXPECT_EQ(calls.load(), 1) << "reported more than once";
+  expect_failure_reported_once(daemon, calls, "the progress thread did not report the job's failure");
   daemon.release_held();
   w->wait(30s);
   c->set_failure_handler(nullptr);  // before `calls` goes
@@ -433,13 +439,7 @@ TEST(Client, FailureHandlerRunsWhenTheJobFailsWithNothingInFlight) {
   std::vector<float> out(100, 0.0f);
   c->world()->allreduce(in.data(), out.data(), in.size(), DType::Float32, ReduceOp::Sum)->wait(30s);
   std::this_thread::sleep_for(300ms);  // idle: the progress thread has nothing to do
-  EXPECT_EQ(calls.load(), 0) << "ran before any failure";
-  daemon.header().job_failed.store(1, std::memory_order_release);
-  const auto until = std::chrono::steady_clock::now() + 5s;
-  while (calls.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(calls.load(), 1) << "an idle client did not report the job's failure";
-  std::this_thread::sleep_for(300ms);
-  EXPECT_EQ(calls.load(), 1) << "reported more than once";
+  expect_failure_reported_once(daemon, calls, "an idle client did not report the job's failure");
   c->set_failure_handler(nullptr);  // before `calls` goes
 }
 
