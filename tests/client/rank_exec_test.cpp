@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "client/client.hpp"
@@ -180,6 +181,10 @@ TEST(ClientRankExec, HandlerGetsHandlesThenPlanAndOnlyThePlanFinishesTheOp) {
   EXPECT_TRUE(w->done());
   EXPECT_EQ(w->status(), Status::Ok);
   EXPECT_EQ(w->error(), "");
+  // The Work is done before its callbacks run (on the thread that saw the completion, once it
+  // released the client's lock): wait() may return first.
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (callbacks.load() == 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(callbacks.load(), 1);
   const auto calls = rec.calls();
   ASSERT_EQ(calls.size(), 2u);
