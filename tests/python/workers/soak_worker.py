@@ -8,10 +8,9 @@ the root, and whether it is issued asynchronously (up to 4 in flight, waited in 
 Members of the drawn group run it; the others go on to the next.
 
 After a warm-up (the first tenth of the operations, at least 50, then the largest operations
-once in each group) and at the end, rank 0 prints
-what the ranks and the node's daemon hold ("SMDDP-RESOURCES <when> <json>": RSS, open fds,
-threads, this job's /dev/shm bytes), each rank its own share via the Store; the test compares
-them."""
+once in each group) and at the end, rank 0 prints what the ranks and the node's daemon hold
+("SMDDP-RESOURCES <when> <json>": private resident memory, open fds, threads, this job's /dev/shm
+bytes), each rank its own share via the Store; the test compares them."""
 
 import json
 import os
@@ -165,7 +164,9 @@ def resources(daemon_pid):
             for line in f:
                 k, _, v = line.partition(":")
                 fields[k] = v.split()
-        return {"rss_kib": int(fields["VmRSS"][0]), "threads": int(fields["Threads"][0]),
+        # RssAnon, not VmRSS: VmRSS also counts the pages of the shared arenas a process has
+        # touched, and which arena pages an operation lands on depends on what else is in flight.
+        return {"anon_kib": int(fields["RssAnon"][0]), "threads": int(fields["Threads"][0]),
                 "fds": len(os.listdir("/proc/%d/fd" % pid))}
     job = os.environ.get("SMDDP_JOB_ID", "")
     shm = sum(os.path.getsize("/dev/shm/" + f) for f in os.listdir("/dev/shm") if f.startswith("smddp." + job))
