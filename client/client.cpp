@@ -72,6 +72,11 @@ std::shared_ptr<Client> Client::attach(const AttachOptions& opts) {
     try {
       auto seg = ipc::Segment::attach(opts.job_id, opts.node_id);
       auto& h = seg.header();
+      // A segment whose daemon has exited is a killed job's leftover (or this job's daemon
+      // died): never attach to it; the next daemon of this job id replaces it.
+      if (const int owner = h.daemon_pid; !ipc::process_alive(owner))
+        throw std::runtime_error("segment /dev/shm/" + ipc::segment_name(opts.job_id, opts.node_id) +
+                                 " was left by daemon pid " + std::to_string(owner) + ", which has exited");
       // Wait for the daemon to finish starting.
       while (h.state.load(std::memory_order_acquire) == static_cast<std::uint32_t>(ipc::DaemonState::Starting) &&
              Clock::now() < deadline)

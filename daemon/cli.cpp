@@ -21,7 +21,7 @@ int to_int(const std::string& flag, const std::string& v, int lo, int hi) {
 std::string daemon_usage() {
   return "usage: smddp-daemon [options] -- COMMAND [ARGS...]     (usually started by smddprun)\n"
          "       smddp-daemon --attach-mode [options]             (started by the plugin under mpirun/torchrun)\n"
-         "       smddp-daemon --cleanup-job ID\n"
+         "       smddp-daemon --cleanup-job ID | --cleanup-stale\n"
          "options:\n"
          "  --job-id ID            job id (default: $SMDDP_JOB_ID)\n"
          "  --nproc-per-node G     training ranks on this node (default 1)\n"
@@ -35,6 +35,8 @@ std::string daemon_usage() {
          "  --attach-timeout S     attach mode: seconds to wait for the first rank (default 120)\n"
          "  --cleanup-job ID       remove this machine's leftover segments and sockets of a job\n"
          "                         (waits up to 10 s for its daemons to be gone)\n"
+         "  --cleanup-stale        remove this user's leftover segments of any job whose daemon has\n"
+         "                         exited (every daemon does this as it starts)\n"
          "  --version, -h/--help\n";
 }
 
@@ -68,6 +70,7 @@ DaemonArgs parse_daemon_args(const std::vector<std::string>& args) {
     if (flag == "-h" || flag == "--help") no_value(), a.help = true;
     else if (flag == "--version") no_value(), a.version = true;
     else if (flag == "--attach-mode") no_value(), a.attach_mode = true;
+    else if (flag == "--cleanup-stale") no_value(), a.cleanup_stale = true;
     else if (flag == "--job-id") a.job_id = take();
     else if (flag == "--config") a.config_path = take();
     else if (flag == "--log-level") a.log_level = take();

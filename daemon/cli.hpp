@@ -15,6 +15,7 @@ struct DaemonArgs {
   std::string config_path;
   std::string log_level;
   std::string cleanup_job;
+  bool cleanup_stale = false;
   int nproc_per_node = 1;
   int simulate_nodes = 0;
   int node_id = 0;

@@ -58,6 +58,20 @@ int cleanup_job(const std::string& job) {
   return report.nodes_left.empty() ? 0 : 1;
 }
 
+// How long a dead-looking owner's heartbeat must stand still before its segment goes: the
+// clients' own limit (client_impl.hpp), past which they too call a daemon gone.
+constexpr auto kStaleWatch = std::chrono::seconds(3);
+
+// Removes every leftover segment of this user on this machine (any job) whose daemon is gone.
+int cleanup_stale() {
+  const auto removed = ipc::Segment::remove_all_stale(kStaleWatch);
+  for (const auto& s : removed)
+    std::cerr << "smddp-daemon: removed /dev/shm/" << s.name << ", left by daemon pid " << s.daemon_pid << " of job "
+              << (s.job_id.empty() ? "?" : s.job_id) << " (node " << s.node_id << "), which has exited\n";
+  if (removed.empty()) std::cerr << "smddp-daemon: no leftover segments of this user\n";
+  return 0;
+}
+
 struct MpiSession {
   MpiSession(int* argc, char*** argv) { MPI_Init(argc, argv); }
   ~MpiSession() { MPI_Finalize(); }
@@ -307,6 +321,7 @@ int main(int argc, char** argv) {
   const auto& command = args.command;
   try {
     if (!cleanup.empty()) return cleanup_job(cleanup);
+    if (args.cleanup_stale) return cleanup_stale();
     if (job_id.empty())
       if (const char* env = std::getenv("SMDDP_JOB_ID")) job_id = env;
     if (job_id.empty()) throw std::invalid_argument("no job id: pass --job-id or set SMDDP_JOB_ID");
@@ -338,6 +353,11 @@ int main(int argc, char** argv) {
     layout.nproc_per_node = nproc;
     setup_logging(job_id, layout.node_id, config.log_level);
     spdlog::info("smddp-daemon {} starting (pid {})", kVersion, ::getpid());
+    // A job killed outright (SIGKILL of the launcher and its daemons) leaves its segments;
+    // the next daemon of this user on this machine removes them, whatever their job ids.
+    for (const auto& s : ipc::Segment::remove_all_stale(kStaleWatch))
+      spdlog::warn("removed /dev/shm/{}, left by daemon pid {} of job {} (node {}), which has exited", s.name,
+                   s.daemon_pid, s.job_id.empty() ? "?" : s.job_id, s.node_id);
     spdlog::info("config: {}; arena {} MiB per rank, chunk {} KiB, stall warning {} s, timeout {} s",
                  config_path.empty() ? "built-in defaults" : config_path, config.arena_bytes >> 20,
                  config.chunk_bytes >> 10, config.stall_warning.count(), config.collective_timeout.count());

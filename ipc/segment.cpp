@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <new>
 #include <stdexcept>
+#include <thread>
 
 #include "ipc/names.hpp"
 
@@ -39,20 +40,39 @@ Layout layout_for(int local_world_size, std::uint64_t arena_bytes) {
 
 std::filesystem::path shm_path(const std::string& name) { return std::filesystem::path("/dev/shm") / name; }
 
-// Reads the daemon pid of an existing segment without trusting its size.
-int read_owner_pid(const std::string& name, bool& valid_magic) {
-  valid_magic = false;
+// What a sweep needs from an existing segment's header, read without trusting its size.
+struct OwnerView {
+  bool valid_magic = false;
+  int pid = 0;
+  std::uint64_t heartbeat = 0;
+  std::string job_id;
+  int node_id = -1;
+};
+
+OwnerView read_owner(const std::string& name) {
+  OwnerView v;
   try {
     bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_only);
     bip::offset_t size = 0;
-    if (!shm.get_size(size) || size < static_cast<bip::offset_t>(sizeof(SegmentHeader))) return 0;
+    if (!shm.get_size(size) || size < static_cast<bip::offset_t>(sizeof(SegmentHeader))) return v;
     bip::mapped_region region(shm, bip::read_only, 0, sizeof(SegmentHeader));
     const auto* h = static_cast<const SegmentHeader*>(region.get_address());
-    valid_magic = h->magic == kSegmentMagic;
-    return h->daemon_pid;
+    v.valid_magic = h->magic == kSegmentMagic;
+    v.pid = h->daemon_pid;
+    v.heartbeat = h->heartbeat.load(std::memory_order_relaxed);
+    if (v.valid_magic) {
+      v.job_id.assign(h->job_id, ::strnlen(h->job_id, sizeof h->job_id));
+      v.node_id = h->node_id;
+    }
   } catch (const bip::interprocess_exception&) {
-    return 0;
   }
+  return v;
+}
+
+int read_owner_pid(const std::string& name, bool& valid_magic) {
+  const OwnerView v = read_owner(name);
+  valid_magic = v.valid_magic;
+  return v.pid;
 }
 
 // libfabric's shm provider names its regions /dev/shm/<pid>:<domain>:<endpoint> (16 MiB each).
@@ -256,16 +276,37 @@ void Segment::remove(const std::string& job_id, int node_id) {
   bip::shared_memory_object::remove(segment_name(job_id, node_id).c_str());
 }
 
-int Segment::remove_all_stale() {
-  int removed = 0;
+std::vector<StaleSegment> Segment::remove_all_stale(std::chrono::milliseconds watch) {
+  struct Candidate {
+    std::string name;
+    OwnerView owner;
+  };
+  std::vector<Candidate> candidates;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind(kSegmentPrefix, 0) != 0) continue;
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;  // another user's jobs
     int pid = 0;
     if (!stale(name, pid)) continue;
-    remove_fabric_regions_of(pid);
-    if (bip::shared_memory_object::remove(name.c_str())) ++removed;
+    candidates.push_back({name, read_owner(name)});
+  }
+  if (candidates.empty()) return {};
+  // A daemon of another pid namespace sharing this /dev/shm looks dead to kill(); its
+  // housekeeping still moves the heartbeat every 50 ms. Only a still heartbeat is proof.
+  std::this_thread::sleep_for(watch);
+  std::vector<StaleSegment> removed;
+  for (const auto& c : candidates) {
+    const OwnerView now = read_owner(c.name);
+    if (now.pid != c.owner.pid || now.heartbeat != c.owner.heartbeat) continue;
+    if (now.pid > 0 && process_alive(now.pid)) continue;
+    remove_fabric_regions_of(now.pid);
+    if (!bip::shared_memory_object::remove(c.name.c_str())) continue;  // gone already, or not ours
+    if (!now.job_id.empty()) {
+      std::filesystem::remove(socket_path(now.job_id, now.node_id), ec);
+    }
+    removed.push_back({c.name, now.job_id, now.node_id, now.pid});
   }
   return removed;
 }

@@ -9,11 +9,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "ipc/doorbell.hpp"
 #include "ipc/protocol.hpp"
@@ -133,6 +135,14 @@ inline constexpr std::size_t kBarrierFlagBase = kMaxEvents + 8;
 inline constexpr std::size_t kTailFlagBase = kBarrierFlagBase + kMaxLocalRanks;
 static_assert((kTailFlagBase + kMaxLocalRanks) * 8 <= kFlagBlockBytes);
 
+// A segment removed by a sweep, for the log line that says so.
+struct StaleSegment {
+  std::string name;
+  std::string job_id;  // empty where the header was unreadable
+  int node_id = -1;
+  int daemon_pid = 0;
+};
+
 struct SegmentSpec {
   std::string job_id;
   int node_id = 0;
@@ -162,8 +172,12 @@ class Segment {
   static int owner_pid(const std::string& job_id, int node_id);
   // Removes the job's segment unconditionally (used when the owner is known dead).
   static void remove(const std::string& job_id, int node_id);
-  // Removes every smddp segment in /dev/shm whose daemon is dead. Returns how many.
-  static int remove_all_stale();
+  // Removes this user's smddp segments (any job) whose daemons are gone, with their fabric
+  // regions and control sockets; daemons sweep this way as they start, so a killed job's
+  // leftovers go with the next job. A segment whose owner pid looks dead is removed only if
+  // its heartbeat also stood still for `watch` (one wait for all, only when there are
+  // candidates): a daemon in another pid namespace sharing /dev/shm looks dead to kill().
+  static std::vector<StaleSegment> remove_all_stale(std::chrono::milliseconds watch);
 
   Segment(Segment&&) noexcept;
   Segment& operator=(Segment&&) noexcept;

@@ -150,3 +150,44 @@ TEST(DaemonDeath, HungDaemonIsDetectedByItsHeartbeat) {
   // A live but hung daemon keeps its segment: only a dead one's is removed.
   EXPECT_TRUE(ipc::Segment::exists(job, 0));
 }
+
+// A killed job leaves its segment marked Ready; a rank of a later job with the same id must not
+// attach to it (its daemon is gone), and attaches once a new daemon has replaced it.
+TEST(DaemonDeath, AttachRefusesASegmentWhoseDaemonHasExited) {
+  const auto job = unique_job("leftover");
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  ChildGuard guard{job};
+  guard.pid = ::fork();
+  ASSERT_GE(guard.pid, 0);
+  if (guard.pid == 0) {
+    ::close(ready[0]);
+    ::close(go[1]);
+    run_doomed_daemon(job, ready[1], go[0]);
+  }
+  ::close(ready[1]);
+  ::close(go[0]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the child daemon did not start";
+  ::close(ready[0]);
+  ::close(go[1]);
+  const pid_t child = guard.pid;
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  guard.pid = -1;
+  ASSERT_TRUE(ipc::Segment::exists(job, 0)) << "the dead daemon must have left its segment";
+
+  auto o = attach_options(job);
+  o.attach_timeout = 300ms;
+  try {
+    Client::attach(o);
+    ADD_FAILURE() << "attached to a segment whose daemon has exited";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("left by daemon pid " + std::to_string(child) + ", which has exited"), std::string::npos) << m;
+  }
+  FakeDaemon replacement(small_spec(job));  // a new daemon of the job replaces the leftover
+  replacement.start();
+  auto client = Client::attach(attach_options(job));
+  EXPECT_EQ(client->daemon_pid(), ::getpid());
+}

@@ -29,6 +29,8 @@ TEST(DaemonCli, AttachModeAndCleanup) {
   EXPECT_EQ(a.num_nodes, 2);
   EXPECT_EQ(a.attach_timeout_s, 5);
   EXPECT_EQ(parse_daemon_args({"--cleanup-job", "x"}).cleanup_job, "x");
+  EXPECT_TRUE(parse_daemon_args({"--cleanup-stale"}).cleanup_stale);
+  EXPECT_FALSE(parse_daemon_args({"--cleanup-job", "x"}).cleanup_stale);
 }
 
 TEST(DaemonCli, BadInputIsNamed) {
@@ -45,6 +47,7 @@ TEST(DaemonCli, BadInputIsNamed) {
   fails({"--nproc-per-node", "0"}, "--nproc-per-node");
   fails({"--nproc-per-node", "4x"}, "4x");
   fails({"--attach-mode=1"}, "takes no value");
+  fails({"--cleanup-stale=yes"}, "takes no value");
   fails({"--attach-mode", "--node-id", "2", "--num-nodes", "2"}, "--node-id 2 is not below --num-nodes 2");
   fails({"--node-id", "1"}, "is not below --num-nodes 1");
 }

@@ -1,6 +1,6 @@
 """Isolation between jobs and users on one machine: two jobs at once run and fail independently;
 a process of another uid can neither open a job's shared segment nor get an answer from its
-daemon's control socket."""
+daemon's control socket; a killed job's leftovers are removed by the next job's daemon."""
 import os
 import pathlib
 import shutil
@@ -121,3 +121,53 @@ sys.exit(0 if not reply else 1)
     assert "refused a client of uid" in out, "the daemon did not log the refusal:\n" + out[-3000:]
     assert not list(pathlib.Path("/dev/shm").glob(f"smddp.{job.id}.*")), "the job left its segment behind"
     assert not socket_left, "the job left its control socket behind"
+
+
+def process_tree(root):
+    """root and every process below it, deepest first."""
+    children = {}
+    for line in subprocess.run(["ps", "-e", "-o", "pid=,ppid="], stdout=subprocess.PIPE, text=True).stdout.splitlines():
+        pid, ppid = map(int, line.split())
+        children.setdefault(ppid, []).append(pid)
+    order, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        order.append(p)
+        todo.extend(children.get(p, []))
+    return order[::-1]
+
+
+def test_a_killed_jobs_segment_is_removed_by_the_next_job_and_never_attached(tmp_path):
+    # A job killed outright (launcher, mpirun, daemon and ranks at once, as by the OOM killer or
+    # a scheduler's SIGKILL) leaves its segment and control socket; nothing of it runs to clean up.
+    (tmp_path / "dead").mkdir()
+    (tmp_path / "next").mkdir()
+    dead = Job(tmp_path / "dead")
+    proc = subprocess.Popen(dead.argv(2, "failure_worker", "--mode", "idle", "--seconds", 60), env=dead.env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    segment = pathlib.Path("/dev/shm") / f"smddp.{dead.id}.n0"
+    sock = dead.sockets / f"{dead.id}.n0.sock"
+    try:
+        wait_for(lambda: segment.exists() and sock.exists() and len(process_tree(proc.pid)) >= 5,
+                 "the job's segment, socket, daemon and ranks")
+        time.sleep(0.5)  # both ranks attached
+        tree = process_tree(proc.pid)
+        for pid in tree:  # stopped first, so that no rank sees its daemon die and cleans up after it
+            os.kill(pid, signal.SIGSTOP)
+        for pid in tree:
+            os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert segment.exists() and sock.exists(), "the killed job should have left its segment and socket"
+    # The next job of this user on this machine (another job id, the same socket folder) removes
+    # them as its daemon starts, and runs.
+    nxt = Job(tmp_path / "next")
+    nxt.sockets, nxt.env = dead.sockets, dead.env
+    r = nxt.run(2, "failure_worker", "--mode", "idle", "--seconds", 0, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert f"removed /dev/shm/smddp.{dead.id}.n0, left by daemon pid" in r.stdout, r.stdout[-3000:]
+    assert not segment.exists() and not sock.exists(), "the killed job's segment or socket is still there"
+    assert nxt.leftovers() == []
