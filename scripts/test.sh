@@ -8,6 +8,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 ./scripts/setup.sh
+echo "== setup and build took $SECONDS s"
 
 jobs=$(nproc)
 if [ "${1:-}" = "--long" ]; then
@@ -27,13 +28,15 @@ failures="$(mktemp)"
 trap 'rm -f "$failures"' EXIT
 run() {
   echo "== $*"
-  local out
+  local out start=$SECONDS
   out="$(mktemp)"
   if ! "$@" 2>&1 | tee "$out"; then
     status=1
     { echo "== $*"; grep -E '^(FAILED|ERROR) |[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess aborted|Exception|Not Run)\)' "$out" || echo "(see above)"; } >>"$failures"
   fi
   rm -f "$out"
+  # The run's budget is CI's (under 45 minutes in all): each phase says what it took.
+  echo "== $1 ${*:2:4} ... took $((SECONDS - start)) s"
 }
 
 run ctest --test-dir build -L unit -j"$jobs" --output-on-failure --timeout 600
@@ -46,7 +49,9 @@ if [ "${SMDDP_SKIP_SANITIZERS:-0}" != "1" ]; then
   for san in address thread; do
     dir="build-$san"
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSMDDP_ONLY_CORE=ON -DSMDDP_SANITIZE="$san" >/dev/null
+    start=$SECONDS
     cmake --build "$dir" -j"$jobs"
+    echo "== the $san build took $((SECONDS - start)) s"
     # TSan needs the default ASLR layout; setarch -R keeps it from failing on newer kernels.
     if [ "$san" = thread ] && command -v setarch >/dev/null; then
       run setarch "$(uname -m)" -R ctest --test-dir "$dir" -L unit -j"$jobs" --output-on-failure --timeout 900
@@ -71,5 +76,6 @@ if [ -s "$failures" ]; then
   echo "what failed:"
   cat "$failures"
 fi
+echo "== scripts/test.sh took $SECONDS s in all"
 if [ "$status" -eq 0 ]; then echo "scripts/test.sh: all test suites passed"; else echo "scripts/test.sh: FAILURES above"; fi
 exit "$status"

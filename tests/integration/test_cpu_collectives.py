@@ -1,4 +1,5 @@
 """Every collective and dtype on host tensors, through smddprun with one daemon."""
+import os
 import re
 
 import pytest
@@ -23,6 +24,16 @@ def test_every_collective_small_sizes(job, nproc):
 
 
 def test_every_collective_64_mib(job):
+    # A float type, a half type (float32 accumulation) and an integer type: each takes its own
+    # reduction loop. The small sizes above run all nine; all nine at 64 MiB are the long run's.
+    r = job.run(4, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20, "--dtypes", "float32,bfloat16,int64")
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 4)
+
+
+@pytest.mark.skipif(os.environ.get("SMDDP_LONG_TESTS") != "1",
+                    reason="long run (all nine dtypes at 64 MiB, about ten minutes): scripts/test.sh --long")
+def test_every_collective_64_mib_all_dtypes(job):
     r = job.run(4, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20)
     assert r.returncode == 0, r.stdout[-4000:]
     assert_all_ranks_passed(r.stdout, 4)
