@@ -5,11 +5,14 @@ one job, nccl-tests-style algbw and busbw per size.
     scripts/bench_across_nodes.py [--build DIR] [--nodes 2] [--nproc-per-node 2] [--min 1M] [--max 256M]
                                   [--factor 4] [--ops allreduce,allgather,reducescatter,broadcast]
                                   [--dtype float32] [--paths hierarchical,staged] [--json FILE]
-                                  [--set SECTION.KEY=VALUE ...]
+                                  [--set SECTION.KEY=VALUE ...] [--mps]
 
 Run as shown, it launches itself through `smddprun --simulate-nodes NODES` from --build, every rank on
 GPU RANK modulo the GPUs (one GPU is enough: the ranks of a node reach each other through CUDA IPC
-on it, and the nodes' daemons talk over loopback). Each path is a process group made with
+on it, and the nodes' daemons talk over loopback). Ranks that share a GPU run in time slices, and every
+wait of one rank's GPU on another's (the hierarchical path's in-node barriers) costs a slice, which
+GPUs of their own do not pay; --mps runs the job under a CUDA MPS control daemon of its own (its own
+pipe and log folders, quit at the end), so that the ranks' kernels run side by side as on a node. Each path is a process group made with
 SMDDP_CUDA_ACROSS_NODES set to it (a build that does not know the setting runs its only path in
 every column). Timings are agreed through a Gloo group (ranks that share a GPU cannot form an NCCL
 one). After the sweep, rank 0 measures what crossed PCIe per rank and operation (`smddp-ctl status
@@ -20,8 +23,10 @@ the largest size on each path.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -43,6 +48,7 @@ def options(argv):
     p.add_argument("--paths", default="hierarchical,staged")
     p.add_argument("--json", default=None)
     p.add_argument("--set", action="append", default=[], help="passed to smddprun (daemon configuration)")
+    p.add_argument("--mps", action="store_true", help="run the ranks under a private CUDA MPS daemon")
     opts = p.parse_args(argv)
     bad = [o for o in opts.ops.split(",") if o not in OPS]
     if bad:
@@ -63,7 +69,44 @@ def launch(opts, argv):
     for s in opts.set:
         cmd += ["--set", s]
     cmd += ["--", sys.executable, os.path.abspath(__file__)] + argv
-    return subprocess.call(cmd, env=env)
+    if not opts.mps:
+        return subprocess.call(cmd, env=env)
+    with PrivateMps() as mps_env:
+        env.update(mps_env)
+        return subprocess.call(cmd, env=env)
+
+
+class PrivateMps:
+    """A CUDA MPS control daemon for this run only: its pipe and log folders are private, so no other
+    process on the machine becomes its client, and it is told to quit when the run ends."""
+
+    def __init__(self):
+        self.ctl = shutil.which("nvidia-cuda-mps-control")
+        if not self.ctl:
+            sys.exit("bench_across_nodes.py --mps: nvidia-cuda-mps-control is not on PATH")
+        self.dir = tempfile.mkdtemp(prefix="smddp-mps-")
+        self.env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(self.dir, "pipe"),
+                    "CUDA_MPS_LOG_DIRECTORY": os.path.join(self.dir, "log")}
+
+    def __enter__(self):
+        for d in self.env.values():
+            os.makedirs(d)
+        r = subprocess.run([self.ctl, "-d"], env=dict(os.environ, **self.env), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=30)
+        if r.returncode != 0:
+            sys.exit("bench_across_nodes.py --mps: nvidia-cuda-mps-control -d failed: " + r.stdout)
+        print("# ranks under a private CUDA MPS daemon (%s)" % self.env["CUDA_MPS_PIPE_DIRECTORY"], flush=True)
+        return self.env
+
+    def __exit__(self, *exc):
+        subprocess.run([self.ctl], input="quit\n", env=dict(os.environ, **self.env), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, text=True, timeout=30)
+        # The control daemon removes its pipe when it has quit.
+        deadline = time.time() + 10
+        while os.path.exists(os.path.join(self.env["CUDA_MPS_PIPE_DIRECTORY"], "control")) and time.time() < deadline:
+            time.sleep(0.1)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return False
 
 
 def bench(opts):
@@ -138,7 +181,7 @@ def bench(opts):
     paths = list(groups)
     results = {"nodes": opts.nodes, "ranks_per_node": opts.nproc_per_node, "world_size": n, "dtype": opts.dtype,
                "gpu": torch.cuda.get_device_name(dev), "gpus": torch.cuda.device_count(), "torch": torch.__version__,
-               "paths": paths, "collectives": {}}
+               "paths": paths, "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")), "collectives": {}}
     say("# CUDA tensors across %d simulated nodes x %d ranks (%d GPU(s)), %s; columns by path, ratio %s/%s" % (
         opts.nodes, opts.nproc_per_node, torch.cuda.device_count(), opts.dtype, paths[0], paths[-1]))
     for op in opts.ops.split(","):

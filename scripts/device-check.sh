@@ -156,9 +156,11 @@ if [ "$quick" -eq 1 ]; then
     # previous build (.old-tree: its sources, built here beside this one) on the same job shape.
     if [ "$fabric" = ON ] && [ "$bench" -eq 1 ]; then
       mkdir -p "$OUT/bench"
-      # BENCH_ACROSS_SET="fabric.provider=shm daemon.chunk_kib=4096": daemon settings for it.
+      # BENCH_ACROSS_SET="fabric.provider=shm daemon.chunk_kib=4096": daemon settings for it;
+      # BENCH_ACROSS_ARGS="--mps": more options of bench_across_nodes.py.
       across_set=()
       for kv in ${BENCH_ACROSS_SET:-}; do across_set+=(--set "$kv"); done
+      for a in ${BENCH_ACROSS_ARGS:-}; do across_set+=("$a"); done
       step bench_across_nodes timeout 180 "$py" scripts/bench_across_nodes.py --build "$build" "${across_set[@]}" \
         --ops allreduce,allgather,reducescatter --min 1M --max "${BENCH_ACROSS_MAX:-256M}" --json "$OUT/bench/across_nodes.json"
       if [ -d .old-tree ]; then
