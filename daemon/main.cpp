@@ -127,8 +127,11 @@ std::unique_ptr<daemon::transport::Transport> open_transport(const daemon::Daemo
   tc.endpoints = c.fabric_endpoints;
   tc.max_inflight = c.fabric_max_inflight;
   tc.max_message = c.fabric_max_message;
-  // A message may wait for its peer's ranks as long as a collective may.
-  tc.op_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(c.collective_timeout);
+  // A message may wait for its peer's ranks as long as a collective may, and a little longer:
+  // the operation's own timeout, which names the ranks that never posted, must come first (the
+  // transport can only name the peer node). 0: never.
+  if (c.collective_timeout.count() > 0)
+    tc.op_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(c.collective_timeout) + std::chrono::seconds(5);
   try {
     return daemon::transport::make_fabric_transport(tc);
   } catch (const std::exception& e) {
