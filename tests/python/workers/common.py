@@ -175,11 +175,12 @@ def announce(rank):
     emit("SMDDP-JOB %d %s %s %s" % (rank, info.get("job_id", "?"), info.get("daemon_pid", 0), path))
 
 
-def init(backend="smddp"):
+def init(backend="smddp", timeout=None):
+    """timeout: the process group's (a datetime.timedelta), else torch's default."""
     import torch.distributed as dist
     import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
     torch.set_num_threads(1)
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, **({"timeout": timeout} if timeout else {}))
     announce(dist.get_rank())
     return dist.get_rank(), dist.get_world_size()
 

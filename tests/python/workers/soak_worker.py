@@ -10,12 +10,21 @@ Members of the drawn group run it; the others go on to the next.
 After a warm-up (the first tenth of the operations, at least 50, then the largest operations
 once in each group) and at the end, rank 0 prints what the ranks and the node's daemon hold
 ("SMDDP-RESOURCES <when> <json>": private resident memory, open fds, threads, this job's /dev/shm
-bytes), each rank its own share via the Store; the test compares them."""
+bytes), each rank its own share via the Store; the test compares them.
 
+Fault mode (test_fault_matrix.py), --fault-dir DIR: each rank writes its pid and its daemon's pid
+(DIR/pid.R, DIR/daemon.R) at the start and DIR/ready.R after the warm-up, and on its first failed
+operation writes "<unix time> <when it called into smddp> ERROR|WRONG <detail>" to DIR/result.R (ERROR: an exception; WRONG: a
+result that differs from the reference), prints it as "RESULT R ..." and exits with status 3 at once. --mismatch-rank R --mismatch-at I:
+rank R calls the first world all-reduce from operation I on with one element more than the others.
+--pg-timeout S: the groups' timeout in seconds."""
+
+import datetime
 import json
 import os
 import random
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -30,9 +39,56 @@ DTYPES = {
 args = sys.argv[1:]
 OPS = int(args[args.index("--ops") + 1]) if "--ops" in args else 1000
 SEED = int(args[args.index("--seed") + 1]) if "--seed" in args else 1
+FAULT_DIR = args[args.index("--fault-dir") + 1] if "--fault-dir" in args else None
+MISMATCH_RANK = int(args[args.index("--mismatch-rank") + 1]) if "--mismatch-rank" in args else -1
+MISMATCH_AT = int(args[args.index("--mismatch-at") + 1]) if "--mismatch-at" in args else -1
+# --pg-timeout S: every group's timeout (a stalled rank fails the others after S seconds).
+PG_TIMEOUT = datetime.timedelta(seconds=int(args[args.index("--pg-timeout") + 1])) if "--pg-timeout" in args else None
 
-rank, W = init()
-chk = Checker(rank)
+
+class FaultChecker(Checker):
+    """Fault mode: the first failure is this rank's result; it says so and leaves. `started`: when
+    the rank last called into smddp (issued a synchronous operation or began waiting for one), so
+    that the test measures how long a rank waited in smddp for its error, not how long it was busy
+    with its own work (the references of a 16 MiB operation take seconds on two cores)."""
+
+    started = 0.0
+
+    def _end(self, kind, detail):
+        # A file, not only a line: mpirun's output forwarding can glue one rank's line to another's.
+        line = "%.6f %.6f %s %s" % (time.time(), self.started, kind, detail.replace("\n", " | "))
+        tmp = os.path.join(FAULT_DIR, "result.%d.tmp" % self.rank)
+        with open(tmp, "w") as f:
+            f.write(line)
+        os.rename(tmp, os.path.join(FAULT_DIR, "result.%d" % self.rank))
+        print("RESULT %d %s" % (self.rank, line), flush=True)
+        sys.stderr.flush()
+        os._exit(3)
+
+    def report(self, name, ok, detail=""):
+        if not ok:
+            self._end("ERROR", "%s: %s" % (name, detail))
+        super().report(name, ok, detail)
+
+    def run(self, name, fn, *a, **kw):
+        try:
+            res = fn(*a, **kw)
+        except Exception as e:  # noqa: BLE001 - the first failure ends the rank
+            self._end("ERROR", "%s: %s: %s" % (name, type(e).__name__, e))
+        if res is not None and res is not True:
+            self._end("WRONG", "%s: %s" % (name, res))
+        super().report(name, True)
+
+
+def mark(what):
+    if FAULT_DIR:
+        with open(os.path.join(FAULT_DIR, "%s.%d.tmp" % (what, rank)), "w") as f:
+            f.write(str(daemon_pid if what == "daemon" else os.getpid()))
+        os.rename(os.path.join(FAULT_DIR, "%s.%d.tmp" % (what, rank)), os.path.join(FAULT_DIR, "%s.%d" % (what, rank)))
+
+
+rank, W = init(timeout=PG_TIMEOUT)
+chk = FaultChecker(rank) if FAULT_DIR else Checker(rank)
 per_node = int(os.environ.get("LOCAL_WORLD_SIZE", W))
 nodes = W // per_node
 # Groups: every group is made by every rank, in the same order (c10d's rule).
@@ -41,7 +97,7 @@ cross = [[n * per_node + i for n in range(nodes)] for i in range(per_node)]   # 
 inside = [[n * per_node + i for i in range(per_node)] for n in range(nodes)]  # a node's ranks
 for kind, lists in (("cross", cross), ("inside", inside)):
     for members in lists:
-        g = dist.new_group(members)
+        g = dist.new_group(members, **({"timeout": PG_TIMEOUT} if PG_TIMEOUT else {}))
         if rank in members:
             groups[kind] = (g, members)
 KINDS = [k for k in ("world", "cross", "inside") if k in groups]
@@ -189,10 +245,14 @@ from smdistributed.dataparallel.torch import _smddp_c  # noqa: E402
 daemon_pid = (_smddp_c.client_info() or {}).get("daemon_pid", 0)
 warm = max(50, OPS // 10)
 pending = []  # (name, work, check): async operations in issue order
+mark("pid")
+mark("daemon")
+mismatched = False
 
 
 def settle():
     for name, w, check in pending:
+        chk.started = time.time()
         chk.run(name, lambda w=w, check=check: (w.wait(), check())[1])
     pending.clear()
 
@@ -211,33 +271,48 @@ def warm_largest():
         dist.broadcast(t, src=members[0], group=g)
 
 
-for i in range(OPS):
-    if i == warm:
-        settle()
-        warm_largest()
-        report("start", daemon_pid)
-    op, kind, dname, n, red, root_pick, async_op = draw()
-    if kind not in groups:
-        continue
-    g, members = groups[kind]
-    if rank not in members:
-        continue
-    root = int(root_pick * len(members))
-    if op == "send_recv" or len(pending) >= 4:
-        settle()
-    name = "%d.%s.%s.%s.n%d%s" % (i, op, kind, dname, n, ".async" if async_op else "")
-    try:
-        w, check = issue(i, op, g, members, dname, n, red, root, async_op)
-    except Exception as e:  # noqa: BLE001 - reported as this operation's failure
-        chk.report(name, False, "%s: %s" % (type(e).__name__, e))
-        continue
-    if async_op and w is not None:
-        pending.append((name, w, check))
-    else:
-        chk.run(name, check)
-settle()
-report("end", daemon_pid)
-dist.barrier()
+def workload():
+    global mismatched
+    for i in range(OPS):
+        if i == warm:
+            settle()
+            warm_largest()
+            report("start", daemon_pid)
+            mark("ready")
+        op, kind, dname, n, red, root_pick, async_op = draw()
+        if kind not in groups:
+            continue
+        if rank == MISMATCH_RANK and i >= MISMATCH_AT and not mismatched and op == "allreduce" and kind == "world":
+            n, mismatched = n + 1, True
+        g, members = groups[kind]
+        if rank not in members:
+            continue
+        root = int(root_pick * len(members))
+        if op == "send_recv" or len(pending) >= 4:
+            settle()
+        name = "%d.%s.%s.%s.n%d%s" % (i, op, kind, dname, n, ".async" if async_op else "")
+        chk.started = time.time()
+        try:
+            w, check = issue(i, op, g, members, dname, n, red, root, async_op)
+        except Exception as e:  # noqa: BLE001 - reported as this operation's failure
+            chk.report(name, False, "%s: %s" % (type(e).__name__, e))
+            continue
+        if async_op and w is not None:
+            pending.append((name, w, check))
+        else:
+            chk.run(name, check)
+    settle()
+    chk.started = time.time()
+    report("end", daemon_pid)
+    dist.barrier()
+
+
+try:
+    workload()
+except Exception as e:  # noqa: BLE001 - fault mode: a failure outside an operation's check
+    if not FAULT_DIR:
+        raise
+    chk._end("ERROR", "%s: %s" % (type(e).__name__, e))
 rc = chk.finish()
 dist.destroy_process_group()
 sys.exit(rc)
