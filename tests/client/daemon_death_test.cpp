@@ -63,18 +63,18 @@ struct ChildGuard {
   }
 };
 
-}  // namespace
-
-TEST(DaemonDeath, PendingWaitThrowsPeerFailedAndTheSegmentIsRemoved) {
-  const auto job = unique_job("death");
-  const auto shm = std::filesystem::path("/dev/shm") / ipc::segment_name(job, 0);
+// Forks a doomed daemon of `job` (owned by `guard`) and waits until it is ready. Returns the pipe
+// end whose closing makes it exit, or -1 if it did not start. Call it before this process has a
+// thread of ours (the client starts one): fork copies only the calling thread.
+int start_doomed_daemon(const std::string& job, ChildGuard& guard) {
   int ready[2], go[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(go), 0);
-  ChildGuard guard{job};
-  // Fork before this process has any thread of ours (the client starts one).
+  if (::pipe(ready) != 0) return -1;
+  if (::pipe(go) != 0) {
+    ::close(ready[0]);
+    ::close(ready[1]);
+    return -1;
+  }
   guard.pid = ::fork();
-  ASSERT_GE(guard.pid, 0);
   if (guard.pid == 0) {
     ::close(ready[0]);
     ::close(go[1]);
@@ -83,8 +83,23 @@ TEST(DaemonDeath, PendingWaitThrowsPeerFailedAndTheSegmentIsRemoved) {
   ::close(ready[1]);
   ::close(go[0]);
   char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the child daemon did not start";
+  const bool started = guard.pid > 0 && ::read(ready[0], &c, 1) == 1;
   ::close(ready[0]);
+  if (!started) {
+    ::close(go[1]);
+    return -1;
+  }
+  return go[1];
+}
+
+}  // namespace
+
+TEST(DaemonDeath, PendingWaitThrowsPeerFailedAndTheSegmentIsRemoved) {
+  const auto job = unique_job("death");
+  const auto shm = std::filesystem::path("/dev/shm") / ipc::segment_name(job, 0);
+  ChildGuard guard{job};
+  const int go = start_doomed_daemon(job, guard);
+  ASSERT_GE(go, 0) << "the child daemon did not start";
 
   auto client = Client::attach(attach_options(job));
   EXPECT_EQ(client->daemon_pid(), guard.pid);
@@ -96,7 +111,7 @@ TEST(DaemonDeath, PendingWaitThrowsPeerFailedAndTheSegmentIsRemoved) {
   const pid_t child = guard.pid;
   std::thread killer([&] {
     std::this_thread::sleep_for(100ms);
-    ::close(go[1]);
+    ::close(go);
     int st = 0;
     if (::waitpid(child, &st, 0) == child) guard.pid = -1;
   });
@@ -155,23 +170,10 @@ TEST(DaemonDeath, HungDaemonIsDetectedByItsHeartbeat) {
 // attach to it (its daemon is gone), and attaches once a new daemon has replaced it.
 TEST(DaemonDeath, AttachRefusesASegmentWhoseDaemonHasExited) {
   const auto job = unique_job("leftover");
-  int ready[2], go[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  ASSERT_EQ(::pipe(go), 0);
   ChildGuard guard{job};
-  guard.pid = ::fork();
-  ASSERT_GE(guard.pid, 0);
-  if (guard.pid == 0) {
-    ::close(ready[0]);
-    ::close(go[1]);
-    run_doomed_daemon(job, ready[1], go[0]);
-  }
-  ::close(ready[1]);
-  ::close(go[0]);
-  char c = 0;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1) << "the child daemon did not start";
-  ::close(ready[0]);
-  ::close(go[1]);
+  const int go = start_doomed_daemon(job, guard);
+  ASSERT_GE(go, 0) << "the child daemon did not start";
+  ::close(go);
   const pid_t child = guard.pid;
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);
   guard.pid = -1;

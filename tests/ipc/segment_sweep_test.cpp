@@ -15,20 +15,15 @@
 
 #include "ipc/names.hpp"
 #include "ipc/segment.hpp"
+#include "segment_fixtures.hpp"
 
 using namespace smddp::ipc;
 using namespace std::chrono_literals;
 
+using smddp::ipc::fixtures::small_spec;
+using smddp::ipc::fixtures::unique_job;
+
 namespace {
-
-std::string unique_job(const char* tag) { return std::string("t-sweep-") + tag + "-" + std::to_string(::getpid()); }
-
-SegmentSpec spec(const std::string& job) {
-  SegmentSpec s;
-  s.job_id = job;
-  s.arena_bytes = 1 << 20;
-  return s;
-}
 
 std::filesystem::path shm(const std::string& job) { return std::filesystem::path("/dev/shm") / segment_name(job, 0); }
 
@@ -36,7 +31,7 @@ std::filesystem::path shm(const std::string& job) { return std::filesystem::path
 pid_t killed_daemon(const std::string& job) {
   const pid_t child = ::fork();
   if (child == 0) {
-    auto seg = Segment::create(spec(job));
+    auto seg = Segment::create(small_spec(job));
     seg.disown();
     ::_exit(0);
   }
@@ -65,14 +60,14 @@ struct SocketDir {
 
 TEST(SegmentSweep, RemovesADeadDaemonsSegmentSocketAndFabricRegionsAndKeepsLiveOnes) {
   SocketDir sockets;
-  const auto dead_job = unique_job("dead"), live_job = unique_job("live");
+  const auto dead_job = unique_job("sweep-dead"), live_job = unique_job("sweep-live");
   const pid_t child = killed_daemon(dead_job);
   ASSERT_GT(child, 0);
   const auto sock = std::filesystem::path(socket_path(dead_job, 0));
   std::ofstream(sock) << "socket";
   const auto region = std::filesystem::path("/dev/shm") / (std::to_string(child) + ":0:0");
   std::ofstream(region) << "region";
-  auto live = Segment::create(spec(live_job));
+  auto live = Segment::create(small_spec(live_job));
 
   const auto t0 = std::chrono::steady_clock::now();
   const auto out = Segment::remove_all_stale(200ms);
@@ -101,11 +96,11 @@ TEST(SegmentSweep, NothingToRemoveReturnsAtOnce) {
 // A daemon in another pid namespace sharing /dev/shm looks dead to kill() from here; its
 // heartbeat still moves, and that keeps its segment.
 TEST(SegmentSweep, AMovingHeartbeatKeepsASegmentWhoseOwnerLooksDead) {
-  const auto job = unique_job("foreign");
-  const pid_t gone = killed_daemon(unique_job("gone"));  // a pid that is surely not alive
+  const auto job = unique_job("sweep-foreign");
+  const pid_t gone = killed_daemon(unique_job("sweep-gone"));  // a pid that is surely not alive
   ASSERT_GT(gone, 0);
   Segment::remove_all_stale(0ms);  // clears that helper's own segment
-  auto seg = Segment::create(spec(job));
+  auto seg = Segment::create(small_spec(job));
   seg.header().daemon_pid = gone;
   std::atomic<bool> stop{false};
   std::thread beat([&] {
@@ -127,7 +122,7 @@ TEST(SegmentSweep, AMovingHeartbeatKeepsASegmentWhoseOwnerLooksDead) {
 
 TEST(SegmentSweep, AnotherUsersSegmentIsLeftAlone) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a segment to another user";
-  const auto job = unique_job("other-user");
+  const auto job = unique_job("sweep-other-user");
   ASSERT_GT(killed_daemon(job), 0);
   ASSERT_EQ(::chown(shm(job).c_str(), 65534, 65534), 0);  // nobody
   const auto out = Segment::remove_all_stale(100ms);

@@ -8,26 +8,18 @@
 
 #include "ipc/names.hpp"
 #include "ipc/segment.hpp"
+#include "segment_fixtures.hpp"
 
 using namespace smddp::ipc;
 
-namespace {
-std::string unique_job(const char* tag) { return std::string("t-") + tag + "-" + std::to_string(::getpid()); }
-SegmentSpec spec(const std::string& job) {
-  SegmentSpec s;
-  s.job_id = job;
-  s.local_world_size = 2;
-  s.world_size = 2;
-  s.arena_bytes = 1 << 20;
-  return s;
-}
-}  // namespace
+using smddp::ipc::fixtures::small_spec;
+using smddp::ipc::fixtures::unique_job;
 
 TEST(Segment, CreateAttachAndRemove) {
   const auto job = unique_job("basic");
   const auto path = std::filesystem::path("/dev/shm") / segment_name(job, 0);
   {
-    auto seg = Segment::create(spec(job));
+    auto seg = Segment::create(small_spec(job));
     struct stat st {};
     ASSERT_EQ(::stat(path.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
@@ -46,9 +38,9 @@ TEST(Segment, CreateAttachAndRemove) {
 
 TEST(Segment, LiveOwnerIsAnError) {
   const auto job = unique_job("live");
-  auto seg = Segment::create(spec(job));
+  auto seg = Segment::create(small_spec(job));
   try {
-    Segment::create(spec(job));
+    Segment::create(small_spec(job));
     FAIL() << "second create succeeded";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("already has a daemon on this node, pid " + std::to_string(::getpid())),
@@ -64,7 +56,7 @@ namespace {
 pid_t crashed_daemon(const std::string& job) {
   const pid_t child = ::fork();
   if (child == 0) {
-    auto seg = Segment::create(spec(job));
+    auto seg = Segment::create(small_spec(job));
     seg.disown();
     ::_exit(0);
   }
@@ -78,7 +70,7 @@ TEST(Segment, StaleSegmentOfDeadDaemonIsReplaced) {
   const auto job = unique_job("stale");
   ASSERT_GT(crashed_daemon(job), 0);
   ASSERT_TRUE(Segment::exists(job, 0));
-  auto seg = Segment::create(spec(job));  // replaces it
+  auto seg = Segment::create(small_spec(job));  // replaces it
   EXPECT_EQ(seg.header().daemon_pid, ::getpid());
 }
 
@@ -107,14 +99,14 @@ TEST(Segment, RemovingAStaleSegmentRemovesItsDaemonsFabricRegions) {
 
 TEST(Segment, RemoveIfStaleKeepsLiveOnes) {
   const auto job = unique_job("keep");
-  auto seg = Segment::create(spec(job));
+  auto seg = Segment::create(small_spec(job));
   EXPECT_FALSE(Segment::remove_if_stale(job, 0));
   EXPECT_TRUE(Segment::exists(job, 0));
 }
 
 TEST(Segment, VersionMismatchNamesBothVersions) {
   const auto job = unique_job("ver");
-  auto seg = Segment::create(spec(job));
+  auto seg = Segment::create(small_spec(job));
   seg.header().layout_version = kLayoutVersion + 7;
   try {
     Segment::attach(job, 0);
