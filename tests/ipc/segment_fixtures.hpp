@@ -1,6 +1,8 @@
 // Job ids and segment specs shared by the segment tests.
 #pragma once
 
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -20,6 +22,19 @@ inline SegmentSpec small_spec(const std::string& job) {
   s.world_size = 2;
   s.arena_bytes = 1 << 20;
   return s;
+}
+
+// A daemon of `job` that created its segment and died without unlinking it, like a crashed or
+// killed daemon; returns its pid (-1 if fork failed).
+inline pid_t crashed_daemon(const std::string& job) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto seg = Segment::create(small_spec(job));
+    seg.disown();
+    ::_exit(0);
+  }
+  if (child > 0) ::waitpid(child, nullptr, 0);
+  return child;
 }
 
 }  // namespace smddp::ipc::fixtures

@@ -20,6 +20,7 @@
 using namespace smddp::ipc;
 using namespace std::chrono_literals;
 
+using smddp::ipc::fixtures::crashed_daemon;
 using smddp::ipc::fixtures::small_spec;
 using smddp::ipc::fixtures::unique_job;
 
@@ -27,17 +28,6 @@ namespace {
 
 std::filesystem::path shm(const std::string& job) { return std::filesystem::path("/dev/shm") / segment_name(job, 0); }
 
-// A daemon of `job` that created its segment and was killed: the segment stays, naming it.
-pid_t killed_daemon(const std::string& job) {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    auto seg = Segment::create(small_spec(job));
-    seg.disown();
-    ::_exit(0);
-  }
-  if (child > 0) ::waitpid(child, nullptr, 0);
-  return child;
-}
 
 bool removed(const std::vector<StaleSegment>& v, const std::string& job) {
   return std::any_of(v.begin(), v.end(), [&](const StaleSegment& s) { return s.job_id == job; });
@@ -61,7 +51,7 @@ struct SocketDir {
 TEST(SegmentSweep, RemovesADeadDaemonsSegmentSocketAndFabricRegionsAndKeepsLiveOnes) {
   SocketDir sockets;
   const auto dead_job = unique_job("sweep-dead"), live_job = unique_job("sweep-live");
-  const pid_t child = killed_daemon(dead_job);
+  const pid_t child = crashed_daemon(dead_job);
   ASSERT_GT(child, 0);
   const auto sock = std::filesystem::path(socket_path(dead_job, 0));
   std::ofstream(sock) << "socket";
@@ -97,7 +87,7 @@ TEST(SegmentSweep, NothingToRemoveReturnsAtOnce) {
 // heartbeat still moves, and that keeps its segment.
 TEST(SegmentSweep, AMovingHeartbeatKeepsASegmentWhoseOwnerLooksDead) {
   const auto job = unique_job("sweep-foreign");
-  const pid_t gone = killed_daemon(unique_job("sweep-gone"));  // a pid that is surely not alive
+  const pid_t gone = crashed_daemon(unique_job("sweep-gone"));  // a pid that is surely not alive
   ASSERT_GT(gone, 0);
   Segment::remove_all_stale(0ms);  // clears that helper's own segment
   auto seg = Segment::create(small_spec(job));
@@ -123,7 +113,7 @@ TEST(SegmentSweep, AMovingHeartbeatKeepsASegmentWhoseOwnerLooksDead) {
 TEST(SegmentSweep, AnotherUsersSegmentIsLeftAlone) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a segment to another user";
   const auto job = unique_job("sweep-other-user");
-  ASSERT_GT(killed_daemon(job), 0);
+  ASSERT_GT(crashed_daemon(job), 0);
   ASSERT_EQ(::chown(shm(job).c_str(), 65534, 65534), 0);  // nobody
   const auto out = Segment::remove_all_stale(100ms);
   EXPECT_FALSE(removed(out, job));

@@ -12,6 +12,7 @@
 
 using namespace smddp::ipc;
 
+using smddp::ipc::fixtures::crashed_daemon;
 using smddp::ipc::fixtures::small_spec;
 using smddp::ipc::fixtures::unique_job;
 
@@ -48,23 +49,6 @@ TEST(Segment, LiveOwnerIsAnError) {
         << e.what();
   }
 }
-
-namespace {
-
-// A daemon of `job` that created its segment and died without unlinking it, like a crashed
-// daemon; returns its pid (-1 if fork failed).
-pid_t crashed_daemon(const std::string& job) {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    auto seg = Segment::create(small_spec(job));
-    seg.disown();
-    ::_exit(0);
-  }
-  if (child > 0) ::waitpid(child, nullptr, 0);
-  return child;
-}
-
-}  // namespace
 
 TEST(Segment, StaleSegmentOfDeadDaemonIsReplaced) {
   const auto job = unique_job("stale");
