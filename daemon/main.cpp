@@ -62,12 +62,15 @@ int cleanup_job(const std::string& job) {
 // clients' own limit (client_impl.hpp), past which they too call a daemon gone.
 constexpr auto kStaleWatch = std::chrono::seconds(3);
 
+std::string removal_line(const ipc::StaleSegment& s) {
+  return "removed /dev/shm/" + s.name + ", left by daemon pid " + std::to_string(s.daemon_pid) + " of job " +
+         (s.job_id.empty() ? "?" : s.job_id) + " (node " + std::to_string(s.node_id) + "), which has exited";
+}
+
 // Removes every leftover segment of this user on this machine (any job) whose daemon is gone.
 int cleanup_stale() {
   const auto removed = ipc::Segment::remove_all_stale(kStaleWatch);
-  for (const auto& s : removed)
-    std::cerr << "smddp-daemon: removed /dev/shm/" << s.name << ", left by daemon pid " << s.daemon_pid << " of job "
-              << (s.job_id.empty() ? "?" : s.job_id) << " (node " << s.node_id << "), which has exited\n";
+  for (const auto& s : removed) std::cerr << "smddp-daemon: " << removal_line(s) << "\n";
   if (removed.empty()) std::cerr << "smddp-daemon: no leftover segments of this user\n";
   return 0;
 }
@@ -358,9 +361,7 @@ int main(int argc, char** argv) {
     spdlog::info("smddp-daemon {} starting (pid {})", kVersion, ::getpid());
     // A job killed outright (SIGKILL of the launcher and its daemons) leaves its segments;
     // the next daemon of this user on this machine removes them, whatever their job ids.
-    for (const auto& s : ipc::Segment::remove_all_stale(kStaleWatch))
-      spdlog::warn("removed /dev/shm/{}, left by daemon pid {} of job {} (node {}), which has exited", s.name,
-                   s.daemon_pid, s.job_id.empty() ? "?" : s.job_id, s.node_id);
+    for (const auto& s : ipc::Segment::remove_all_stale(kStaleWatch)) spdlog::warn("{}", removal_line(s));
     spdlog::info("config: {}; arena {} MiB per rank, chunk {} KiB, stall warning {} s, timeout {} s",
                  config_path.empty() ? "built-in defaults" : config_path, config.arena_bytes >> 20,
                  config.chunk_bytes >> 10, config.stall_warning.count(), config.collective_timeout.count());

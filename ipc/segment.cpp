@@ -42,7 +42,6 @@ std::filesystem::path shm_path(const std::string& name) { return std::filesystem
 
 // What a sweep needs from an existing segment's header, read without trusting its size.
 struct OwnerView {
-  bool valid_magic = false;
   int pid = 0;
   std::uint64_t heartbeat = 0;
   std::string job_id;
@@ -57,10 +56,9 @@ OwnerView read_owner(const std::string& name) {
     if (!shm.get_size(size) || size < static_cast<bip::offset_t>(sizeof(SegmentHeader))) return v;
     bip::mapped_region region(shm, bip::read_only, 0, sizeof(SegmentHeader));
     const auto* h = static_cast<const SegmentHeader*>(region.get_address());
-    v.valid_magic = h->magic == kSegmentMagic;
     v.pid = h->daemon_pid;
     v.heartbeat = h->heartbeat.load(std::memory_order_relaxed);
-    if (v.valid_magic) {
+    if (h->magic == kSegmentMagic) {  // the job's name is set before the magic
       v.job_id.assign(h->job_id, ::strnlen(h->job_id, sizeof h->job_id));
       v.node_id = h->node_id;
     }
@@ -69,11 +67,6 @@ OwnerView read_owner(const std::string& name) {
   return v;
 }
 
-int read_owner_pid(const std::string& name, bool& valid_magic) {
-  const OwnerView v = read_owner(name);
-  valid_magic = v.valid_magic;
-  return v.pid;
-}
 
 // libfabric's shm provider names its regions /dev/shm/<pid>:<domain>:<endpoint> (16 MiB each).
 // A daemon killed outright (SIGKILL, the OOM killer) cannot run libfabric's exit cleanup, so
@@ -90,14 +83,19 @@ void remove_fabric_regions_of(int pid) {
   }
 }
 
-bool stale(const std::string& name, int& pid_out) {
-  bool magic = false;
-  pid_out = read_owner_pid(name, magic);
-  if (pid_out > 0) return !process_alive(pid_out);
+// Whether the segment `name`, whose header reads `owner`, has lost its daemon.
+bool owner_gone(const std::string& name, const OwnerView& owner) {
+  if (owner.pid > 0) return !process_alive(owner.pid);
   // No pid yet: being created right now, or garbage. Garbage older than a few seconds is stale.
   struct stat st {};
   if (::stat(shm_path(name).c_str(), &st) != 0) return false;
   return ::time(nullptr) - st.st_mtime > 5;
+}
+
+bool stale(const std::string& name, int& pid_out) {
+  const OwnerView owner = read_owner(name);
+  pid_out = owner.pid;
+  return owner_gone(name, owner);
 }
 
 }  // namespace
@@ -268,8 +266,7 @@ bool Segment::remove_if_stale(const std::string& job_id, int node_id) {
 }
 
 int Segment::owner_pid(const std::string& job_id, int node_id) {
-  bool magic = false;
-  return read_owner_pid(segment_name(job_id, node_id), magic);
+  return read_owner(segment_name(job_id, node_id)).pid;
 }
 
 void Segment::remove(const std::string& job_id, int node_id) {
@@ -288,9 +285,9 @@ std::vector<StaleSegment> Segment::remove_all_stale(std::chrono::milliseconds wa
     if (name.rfind(kSegmentPrefix, 0) != 0) continue;
     struct stat st {};
     if (::stat(e.path().c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;  // another user's jobs
-    int pid = 0;
-    if (!stale(name, pid)) continue;
-    candidates.push_back({name, read_owner(name)});
+    OwnerView owner = read_owner(name);
+    if (!owner_gone(name, owner)) continue;
+    candidates.push_back({name, std::move(owner)});
   }
   if (candidates.empty()) return {};
   // A daemon of another pid namespace sharing this /dev/shm looks dead to kill(); its

@@ -10,6 +10,7 @@ and the survivors not waiting in smddp at that moment are terminated before they
 there the job must end within 10 s and every error given must name the dead daemon. Each fault once
 here, 20 times with SMDDP_LONG_TESTS=1 (scripts/test.sh --long).
 With SMDDP_FAULT_MATRIX_JSON=FILE the figures (time to error, leftovers) are written to FILE."""
+import collections
 import glob
 import json
 import os
@@ -34,6 +35,8 @@ TIMEOUT_S = 8  # the process groups' timeout (and the daemons'), for the stall
 DAEMON_KILLS = ("kill_daemon", "kill_daemon_other_node")
 FAULTS = ["kill_rank", "kill_rank_other_node", "kill_daemon", "kill_daemon_other_node", "stall", "mismatch"]
 FIGURES = {}
+# A rank's first error: when it came, when the rank last called into smddp before it, ERROR or WRONG, the text.
+Result = collections.namedtuple("Result", "at started kind msg")
 
 pytestmark = pytest.mark.skipif(not FABRIC, reason="needs the fabric transport (simulated nodes)")
 
@@ -114,8 +117,8 @@ def run_once(fault, rng):
         path = os.path.join(tmp, "result.%d" % r)
         if os.path.exists(path):
             with open(path) as f:
-                t, started, kind, msg = f.read().split(" ", 3)
-            results[r] = (float(t), kind, msg, float(started))
+                at, started, kind, msg = f.read().split(" ", 3)
+            results[r] = Result(float(at), float(started), kind, msg)
     survivors = [r for r in range(4) if r != victim]
     if fault in DAEMON_KILLS:
         # mpirun aborts the job when a daemon dies: the other daemon is told to stop, and the
@@ -125,29 +128,29 @@ def run_once(fault, rng):
     else:
         assert sorted(results) == survivors, "%s: results from ranks %s, expected %s\n%s%s" % (
             fault, sorted(results), survivors, out_note, out[-4000:])
-    wrong = {r: v for r, v in results.items() if v[1] == "WRONG"}
+    wrong = {r: v for r, v in results.items() if v.kind == "WRONG"}
     assert not wrong, "%s: wrong results %s" % (fault, wrong)
     if fault == "mismatch":  # no moment to measure from: the spread of the ranks' errors
-        fault_at = min(v[0] for v in results.values())
+        fault_at = min(v.at for v in results.values())
     limit = TIMEOUT_S + 5.0 if fault == "stall" else 5.0
     # From the fault, or from when the rank next called into smddp if it was busy with its own work.
-    delays = {r: v[0] - max(fault_at, v[3]) for r, v in results.items()}
+    delays = {r: v.at - max(fault_at, v.started) for r, v in results.items()}
     late = {r: d for r, d in delays.items() if d > limit}
     assert not late, "%s: ranks that learned of it after %.0f s: %s\n%s\n%s" % (fault, limit, late, results,
                                                                              out[-4000:])
-    first = min(results, key=lambda r: results[r][0]) if results else None
+    first = min(results, key=lambda r: results[r].at) if results else None
     if fault == "stall":
         # The earliest error names the stopped rank (the survivors that fail later may name the first
         # one that left), after a stall warning that names it.
-        assert re.search(r"\brank(?:\(s\))?(?: \d+)*? 1\b", results[first][2]), \
-            "stall: the first error does not name rank 1: %s" % results[first][2]
+        assert re.search(r"\brank(?:\(s\))?(?: \d+)*? 1\b", results[first].msg), \
+            "stall: the first error does not name rank 1: %s" % results[first].msg
         assert re.search(r"stall: .*for rank\(s\) [\d, ]*\b1\b", out), "no stall warning naming rank 1\n" + out[-4000:]
     elif fault == "mismatch":
-        assert needle in results[first][2], "mismatch: the first error is not the mismatch: %s" % results[first][2]
+        assert needle in results[first].msg, "mismatch: the first error is not the mismatch: %s" % results[first].msg
     else:
-        named = [r for r, v in results.items() if needle in v[2]]
+        named = [r for r, v in results.items() if needle in v.msg]
         assert sorted(named) == sorted(results), "%s: errors that do not name %r: %s" % (
-            fault, needle, {r: v[2] for r, v in results.items() if r not in named})
+            fault, needle, {r: v.msg for r, v in results.items() if r not in named})
     # Nothing left: the job's processes, its segments, libfabric's regions, its sockets.
     deadline = time.time() + 15
     alive = lambda: [p for p in pids + daemons if pid_alive(p)]  # noqa: E731
