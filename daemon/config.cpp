@@ -83,6 +83,15 @@ const std::map<std::string, Setter>& keys() {
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.fabric_max_message = static_cast<std::size_t>(parse_int(key, v, 0, 1 << 22)) << 10;
        }},
+      {"fabric.fault",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         try {
+           c.fabric_fault = transport::FaultPlan::parse(v);
+         } catch (const std::invalid_argument& e) {
+           throw std::invalid_argument(key + ": " + e.what());
+         }
+       }},
+      {"fabric.fault_trigger", [](DaemonConfig& c, const std::string&, const std::string& v) { c.fabric_fault_trigger = v; }},
   };
   return k;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "daemon/internode/tuner.hpp"
+#include "daemon/transport/fault_plan.hpp"
 
 namespace smddp::daemon {
 
@@ -33,6 +34,10 @@ struct DaemonConfig {
   // How collectives move among the nodes: Auto lets the tuner choose per chunk
   // (daemon/internode/tuner.hpp); Direct, Ring or Halving force one (tests, benchmarks).
   internode::Algorithm fabric_algorithm = internode::Algorithm::Auto;
+  // Testing only: a fault the daemon's transport injects (transport/fault_injection.hpp), and the
+  // file whose appearance starts it ("{node}" stands for the node id; "": from the start).
+  transport::FaultPlan fabric_fault;
+  std::string fabric_fault_trigger;
 
   // Reads `path` (may be empty: defaults), then applies `overrides` ("section.key=value").
   // Throws std::invalid_argument naming the bad key or value.

@@ -12,6 +12,8 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/daemon_status.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu_stats.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/transport/fault_plan.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/transport/fault_injection.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/node_card.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/rail_map.cpp

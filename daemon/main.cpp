@@ -26,6 +26,7 @@
 #ifdef SMDDP_HAVE_FABRIC
 #include "daemon/internode/node_card.hpp"
 #include "daemon/internode/rail_map.hpp"
+#include "daemon/transport/fault_injection.hpp"
 #include "daemon/transport/transport.hpp"
 #endif
 #include "daemon/version.hpp"
@@ -123,7 +124,8 @@ daemon::JobLayout bootstrap(int simulate_nodes, std::optional<daemon::ReservedPo
 
 #ifdef SMDDP_HAVE_FABRIC
 // Opens this node's fabric endpoints. Collective over nothing: the callers agree on failures.
-std::unique_ptr<daemon::transport::Transport> open_transport(const daemon::DaemonConfig& c, std::string& error) {
+std::unique_ptr<daemon::transport::Transport> open_transport(const daemon::DaemonConfig& c, int node_id,
+                                                             std::string& error) {
   daemon::transport::TransportConfig tc;
   tc.provider = c.fabric_provider;
   tc.interface = c.fabric_interface;
@@ -136,7 +138,14 @@ std::unique_ptr<daemon::transport::Transport> open_transport(const daemon::Daemo
   if (c.collective_timeout.count() > 0)
     tc.op_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(c.collective_timeout) + std::chrono::seconds(5);
   try {
-    return daemon::transport::make_fabric_transport(tc);
+    auto t = daemon::transport::make_fabric_transport(tc);
+    if (c.fabric_fault.kind == daemon::transport::FaultPlan::Kind::None) return t;
+    auto plan = c.fabric_fault;
+    plan.trigger = c.fabric_fault_trigger;
+    if (const auto at = plan.trigger.find("{node}"); at != std::string::npos)
+      plan.trigger.replace(at, 6, std::to_string(node_id));
+    spdlog::warn("fabric: fault injection configured (fabric.fault): {}", plan.describe());
+    return daemon::transport::make_fault_injecting_transport(std::move(t), std::move(plan));
   } catch (const std::exception& e) {
     error = "fabric provider '" + tc.provider + "' with " + std::to_string(tc.endpoints) + " endpoint(s): " + e.what();
   }
@@ -188,7 +197,7 @@ daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const dae
   daemon::InternodeSetup s;
   std::string error;
   std::vector<std::uint8_t> card;
-  s.transport = open_transport(c, error);
+  s.transport = open_transport(c, l.node_id, error);
   if (s.transport) {
     try {
       card = daemon::internode::encode_node_card(describe_endpoints(*s.transport, l.nproc_per_node, s.gpu_of_slot));
@@ -245,7 +254,7 @@ daemon::InternodeSetup file_bootstrap(const daemon::JobLayout& l, const daemon::
                                       const std::filesystem::path& dir, std::chrono::seconds timeout) {
   daemon::InternodeSetup s;
   std::string error;
-  s.transport = open_transport(c, error);
+  s.transport = open_transport(c, l.node_id, error);
   if (!s.transport) throw std::runtime_error(error);
   const auto card = daemon::internode::encode_node_card(describe_endpoints(*s.transport, l.nproc_per_node, s.gpu_of_slot));
   {

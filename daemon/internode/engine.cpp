@@ -417,23 +417,38 @@ void Engine::peer_lost(int node, const std::string& why, int exit_code) {
 }
 
 void Engine::check_peers(Clock::time_point now) {
+  // Time this loop was not looking (the daemon descheduled on a loaded machine, a test driving
+  // several engines from one thread) is not the peers' silence: their beats wait unread.
+  if (now - last_peer_check_ > options_.heartbeat_timeout / 2) watching_since_ = now;
+  last_peer_check_ = now;
+  const auto silent_for = [&](const Peer& p) { return now - std::max(p.last_heard, watching_since_); };
   const auto& my_host = topo_.nodes[static_cast<std::size_t>(topo_.node_id)].hostname;
+  bool drained = false;
   for (int n = 0; n < topo_.num_nodes; ++n) {
     if (n == topo_.node_id) continue;
     auto& p = peers_[static_cast<std::size_t>(n)];
     const auto& info = topo_.nodes[static_cast<std::size_t>(n)];
     if (p.state == PeerState::Dead) continue;
-    const bool same_host = info.hostname == my_host;
     const std::string who = "smddp daemon (pid " + std::to_string(info.pid) + ") on node " + std::to_string(n);
-    if (same_host && !ipc::process_alive(info.pid)) {
+    // On the same host the pid tells a death at once; silence is judged everywhere (a daemon
+    // stopped or hung, a network that no longer carries its messages).
+    if (info.hostname == my_host && !ipc::process_alive(info.pid)) {
       if (p.state == PeerState::Alive) peer_lost(n, who + " died", 1);
       else p.state = PeerState::Dead;  // it ended or failed and said so first
       continue;
     }
-    // Same host: the pid says it all, and a loaded machine may delay a beat. Other hosts: silence.
-    if (!same_host && p.state == PeerState::Alive && now - p.last_heard > options_.heartbeat_timeout)
-      peer_lost(n, who + " died (no heartbeat from " + info.hostname + " for " +
-                       std::to_string(options_.heartbeat_timeout.count()) + " ms)", 1);
+    if (p.state != PeerState::Alive || silent_for(p) <= options_.heartbeat_timeout) continue;
+    if (!drained) {
+      // Its beat may be among completions not read yet: read them all before the verdict.
+      drained = true;
+      for (int batches = 0; batches < 1024 && transport_->progress() > 0; ++batches) {
+      }
+      if (p.state != PeerState::Alive || silent_for(p) <= options_.heartbeat_timeout) continue;
+    }
+    peer_lost(n, who + " stopped answering: no heartbeat from " + info.hostname + " for " +
+                     std::to_string(options_.heartbeat_timeout.count()) +
+                     " ms (the daemon died or hangs, or the network between the nodes is down)",
+              1);
   }
 }
 

@@ -77,8 +77,7 @@ class Engine {
  public:
   struct Options {
     std::chrono::milliseconds heartbeat_every{200};
-    // A peer on another host silent this long is declared dead (same-host peers are checked
-    // by pid at once: simulated nodes).
+    // A peer silent this long is declared gone (on the same host a dead pid is seen at once).
     std::chrono::milliseconds heartbeat_timeout{2000};
     std::chrono::milliseconds default_timeout{1800000};
     // fabric.algorithm: Auto lets the tuner choose per chunk (tuner.hpp); every node must run
@@ -223,6 +222,9 @@ class Engine {
   std::optional<PeerFailure> peer_failure_;
   bool peer_failure_taken_ = false;
   Clock::time_point last_check_{};
+  // check_peers: when it last ran, and since when it has been watching without a gap.
+  Clock::time_point last_peer_check_{};
+  Clock::time_point watching_since_{};
   PeerState my_state_ = PeerState::Alive;
   std::string my_error_;
   int my_exit_code_ = 0;

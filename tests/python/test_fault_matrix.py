@@ -1,6 +1,8 @@
 """The fault matrix: each fault injected at a random moment of the soak workload (workers/soak_worker.py
 in fault mode, 2 simulated nodes x 2 ranks): kill -9 of a rank, of a rank on the other node, of a
-daemon, of the other node's daemon, SIGSTOP of a rank (a stall), and a collective mismatch. Every
+daemon, of the other node's daemon, SIGSTOP of a rank (a stall), a collective mismatch, a descriptor
+the daemon must refuse (pushed by a rank into its own request ring), and node 1's
+fabric falling silent (fabric.fault=silence: nothing leaves or arrives, its process lives on). Every
 surviving rank must fail with an error that names what happened, within 5 s of the fault or of its
 next call into smddp if it was busy with its own work then (the stall: within 5 s of the configured
 timeout, after a stall warning naming the stopped rank), no result may be wrong,
@@ -33,7 +35,8 @@ FABRIC = os.environ.get("SMDDP_HAVE_FABRIC", "ON").upper() not in ("OFF", "0", "
 REPS = int(os.environ.get("SMDDP_FAULT_REPS", 20 if LONG else 1))
 TIMEOUT_S = 8  # the process groups' timeout (and the daemons'), for the stall
 DAEMON_KILLS = ("kill_daemon", "kill_daemon_other_node")
-FAULTS = ["kill_rank", "kill_rank_other_node", "kill_daemon", "kill_daemon_other_node", "stall", "mismatch"]
+FAULTS = ["kill_rank", "kill_rank_other_node", "kill_daemon", "kill_daemon_other_node", "stall", "mismatch",
+          "malformed", "fabric_silence"]
 FIGURES = {}
 # A rank's first error: when it came, when the rank last called into smddp before it, ERROR or WRONG, the text.
 Result = collections.namedtuple("Result", "at started kind msg")
@@ -66,12 +69,14 @@ def run_once(fault, rng):
     env["SMDDP_SOCKET_DIR"] = sockets
     job = "fm-" + uuid.uuid4().hex[:10]
     args = ["--ops", "600", "--seed", str(rng.randrange(1 << 30)), "--fault-dir", tmp, "--pg-timeout", str(TIMEOUT_S)]
-    if fault == "mismatch":
-        args += ["--mismatch-rank", str(rng.randrange(4)), "--mismatch-at", str(50 + rng.randrange(200))]
+    if fault in ("mismatch", "malformed"):
+        args += ["--%s-rank" % fault, str(rng.randrange(4)), "--%s-at" % fault, str(50 + rng.randrange(200))]
     cmd = [os.path.join(build, "bin", "smddprun"), "--daemon", daemon_path(build), "--job-id", job,
            "--nproc-per-node", "2", "--simulate-nodes", "2", "--set", "daemon.stall_warning_s=2",
-           "--set", "daemon.collective_timeout_s=%d" % TIMEOUT_S, "--set", "daemon.exit_grace_s=20",
-           "--", *_worker_cmd("soak_worker.py", args)]
+           "--set", "daemon.collective_timeout_s=%d" % TIMEOUT_S, "--set", "daemon.exit_grace_s=20"]
+    if fault == "fabric_silence":  # node 1's transport goes silent once the file appears
+        cmd += ["--set", "fabric.fault=silence", "--set", "fabric.fault_trigger=" + os.path.join(tmp, "silence-{node}")]
+    cmd += ["--", *_worker_cmd("soak_worker.py", args)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=WORKERS, start_new_session=True)
     stopped = None
@@ -98,6 +103,12 @@ def run_once(fault, rng):
             victim, needle = 1, None  # "rank(s) 1 never posted it", "rank(s) 0 1 on other node(s) ..."
             os.kill(pids[1], signal.SIGSTOP)
             stopped = pids[1]
+        elif fault == "fabric_silence":
+            # Each side hears nothing from the other: node 0's ranks name node 1's daemon, node 1's node 0's.
+            victim, needle = None, "stopped answering: no heartbeat"
+            open(os.path.join(tmp, "silence-1"), "w").close()
+        elif fault == "malformed":
+            victim, needle = None, "was refused"
         else:
             victim, needle = None, "collective mismatch"
         out, _ = proc.communicate(timeout=120)
@@ -130,7 +141,7 @@ def run_once(fault, rng):
             fault, sorted(results), survivors, out_note, out[-4000:])
     wrong = {r: v for r, v in results.items() if v.kind == "WRONG"}
     assert not wrong, "%s: wrong results %s" % (fault, wrong)
-    if fault == "mismatch":  # no moment to measure from: the spread of the ranks' errors
+    if fault in ("mismatch", "malformed"):  # no moment to measure from: the spread of the ranks' errors
         fault_at = min(v.at for v in results.values())
     limit = TIMEOUT_S + 5.0 if fault == "stall" else 5.0
     # From the fault, or from when the rank next called into smddp if it was busy with its own work.
@@ -145,8 +156,8 @@ def run_once(fault, rng):
         assert re.search(r"\brank(?:\(s\))?(?: \d+)*? 1\b", results[first].msg), \
             "stall: the first error does not name rank 1: %s" % results[first].msg
         assert re.search(r"stall: .*for rank\(s\) [\d, ]*\b1\b", out), "no stall warning naming rank 1\n" + out[-4000:]
-    elif fault == "mismatch":
-        assert needle in results[first].msg, "mismatch: the first error is not the mismatch: %s" % results[first].msg
+    elif fault in ("mismatch", "malformed"):
+        assert needle in results[first].msg, "%s: the first error is not %r: %s" % (fault, needle, results[first].msg)
     else:
         named = [r for r, v in results.items() if needle in v.msg]
         assert sorted(named) == sorted(results), "%s: errors that do not name %r: %s" % (

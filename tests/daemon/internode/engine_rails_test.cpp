@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/internode/op.hpp"
@@ -181,12 +182,57 @@ TEST_P(EngineRails, ADeadPeerFailsWhatWaitsOnEveryEndpoint) {
   ASSERT_EQ(done.size(), static_cast<std::size_t>(kChunks));
   for (const auto& f : done) {
     EXPECT_EQ(f.match.status, ipc::Status::PeerFailed) << f.match.error;
-    EXPECT_NE(f.match.error.find("on node 0 died (no heartbeat from test-host for 400 ms)"), std::string::npos) << f.match.error;
+    EXPECT_NE(f.match.error.find("on node 0 stopped answering: no heartbeat from test-host for 400 ms"), std::string::npos) << f.match.error;
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   const auto failure = nodes[1]->engine->take_peer_failure();
   ASSERT_TRUE(failure);
   EXPECT_NE(failure->error.find("smddp daemon (pid"), std::string::npos) << failure->error;
+}
+
+// The same on one host, where a live pid is no proof of an answering daemon (stopped, hung, or
+// its network gone): silence is judged there too.
+TEST_P(EngineRails, ASilentPeerOnTheSameHostIsDeclaredGone) {
+  make_nodes(1);
+  Engine::Options o;
+  o.heartbeat_every = std::chrono::milliseconds(50);
+  o.heartbeat_timeout = std::chrono::milliseconds(400);
+  start_engines(nodes, {}, o, /*hosts_differ=*/false);
+  auto d = desc(OpType::AllReduce, 64);
+  d.timeout_ms = 60000;
+  nodes[1]->engine->start(nodes[1]->match(d, 1, 256, 256), Clock::now());  // node 0 never runs again
+  const auto start = Clock::now();
+  std::vector<Finished> done;
+  while (done.empty() && Clock::now() - start < std::chrono::seconds(10))
+    for (auto& f : nodes[1]->engine->progress(Clock::now())) done.push_back(std::move(f));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].match.status, ipc::Status::PeerFailed);
+  EXPECT_NE(done[0].match.error.find("on node 0 stopped answering: no heartbeat from test-host for 400 ms"),
+            std::string::npos)
+      << done[0].match.error;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+}
+
+// A daemon that was not looking (descheduled; here: a thread that drives both engines and
+// stopped) does not blame its peers for the beats it did not read.
+TEST_P(EngineRails, TimeTheEngineWasNotLookingIsNotThePeersSilence) {
+  make_nodes(1);
+  Engine::Options o;
+  o.heartbeat_every = std::chrono::milliseconds(50);
+  o.heartbeat_timeout = std::chrono::milliseconds(400);
+  start_engines(nodes, {}, o, /*hosts_differ=*/true);
+  const auto drive = [&](std::chrono::milliseconds how_long) {
+    const auto until = Clock::now() + how_long;
+    while (Clock::now() < until)
+      for (auto& n : nodes) EXPECT_TRUE(n->engine->progress(Clock::now()).empty());
+  };
+  drive(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));  // both asleep, well past the timeout
+  drive(std::chrono::milliseconds(600));
+  for (auto& n : nodes) {
+    const auto failure = n->engine->take_peer_failure();
+    EXPECT_FALSE(failure) << failure->error;
+  }
 }
 
 #ifdef SMDDP_HAVE_FABRIC

@@ -17,6 +17,8 @@ Fault mode (test_fault_matrix.py), --fault-dir DIR: each rank writes its pid and
 operation writes "<unix time> <when it called into smddp> ERROR|WRONG <detail>" to DIR/result.R (ERROR: an exception; WRONG: a
 result that differs from the reference), prints it as "RESULT R ..." and exits with status 3 at once. --mismatch-rank R --mismatch-at I:
 rank R calls the first world all-reduce from operation I on with one element more than the others.
+--malformed-rank R --malformed-at I: before that all-reduce, rank R pushes a descriptor the daemon must
+refuse into its own request ring (the test library inject_malformed.cpp, through ctypes).
 --pg-timeout S: the groups' timeout in seconds."""
 
 import datetime
@@ -42,6 +44,8 @@ SEED = int(args[args.index("--seed") + 1]) if "--seed" in args else 1
 FAULT_DIR = args[args.index("--fault-dir") + 1] if "--fault-dir" in args else None
 MISMATCH_RANK = int(args[args.index("--mismatch-rank") + 1]) if "--mismatch-rank" in args else -1
 MISMATCH_AT = int(args[args.index("--mismatch-at") + 1]) if "--mismatch-at" in args else -1
+MALFORMED_RANK = int(args[args.index("--malformed-rank") + 1]) if "--malformed-rank" in args else -1
+MALFORMED_AT = int(args[args.index("--malformed-at") + 1]) if "--malformed-at" in args else -1
 # --pg-timeout S: every group's timeout (a stalled rank fails the others after S seconds).
 PG_TIMEOUT = datetime.timedelta(seconds=int(args[args.index("--pg-timeout") + 1])) if "--pg-timeout" in args else None
 
@@ -248,6 +252,20 @@ pending = []  # (name, work, check): async operations in issue order
 mark("pid")
 mark("daemon")
 mismatched = False
+malformed = False
+
+
+def post_malformed():
+    """Pushes the refused descriptor (inject_malformed.cpp) with nothing else of this rank in flight."""
+    import ctypes
+    settle()
+    lib = ctypes.CDLL(os.path.join(os.environ["SMDDP_BUILD_DIR"], "lib", "libsmddp_test_inject.so"))
+    info = _smddp_c.client_info()
+    seq, err = ctypes.c_uint64(0), ctypes.create_string_buffer(512)
+    if lib.smddp_test_post_malformed(info["job_id"].encode(), info["node_id"], info["local_rank"], ctypes.byref(seq),
+                                     err, len(err)) != 0:
+        raise RuntimeError("could not post the malformed descriptor: " + err.value.decode())
+    print("rank %d posted a malformed all-reduce, sequence %d" % (rank, seq.value), flush=True)
 
 
 def settle():
@@ -272,7 +290,7 @@ def warm_largest():
 
 
 def workload():
-    global mismatched
+    global mismatched, malformed
     for i in range(OPS):
         if i == warm:
             settle()
@@ -284,6 +302,10 @@ def workload():
             continue
         if rank == MISMATCH_RANK and i >= MISMATCH_AT and not mismatched and op == "allreduce" and kind == "world":
             n, mismatched = n + 1, True
+        if rank == MALFORMED_RANK and i >= MALFORMED_AT and not malformed and op == "allreduce" and kind == "world":
+            chk.started = time.time()
+            post_malformed()
+            malformed = True
         g, members = groups[kind]
         if rank not in members:
             continue
