@@ -158,13 +158,19 @@ TEST_P(EngineRails, NodesWithDifferentEndpointCountsStillAgree) {
   EXPECT_EQ(nodes[0]->sent()[0] > 0 && nodes[0]->sent()[1] > 0, true);
 }
 
+// Beats every 50 ms, a peer silent for 400 ms is gone: the silence tests take well under a second.
+Engine::Options quick_heartbeats() {
+  Engine::Options o;
+  o.heartbeat_every = std::chrono::milliseconds(50);
+  o.heartbeat_timeout = std::chrono::milliseconds(400);
+  return o;
+}
+
 // A peer that falls silent is declared dead: what waits on it fails at once, on every endpoint
 // (here: operation chunks striped over all three), not at the operations' timeout.
 TEST_P(EngineRails, ADeadPeerFailsWhatWaitsOnEveryEndpoint) {
   make_nodes(3);
-  Engine::Options o;
-  o.heartbeat_every = std::chrono::milliseconds(50);
-  o.heartbeat_timeout = std::chrono::milliseconds(400);
+  const Engine::Options o = quick_heartbeats();
   start_engines(nodes, {}, o, /*hosts_differ=*/true);
   constexpr int kChunks = 12;
   constexpr std::uint64_t n = 2 * kEagerBytes / 4;
@@ -194,9 +200,7 @@ TEST_P(EngineRails, ADeadPeerFailsWhatWaitsOnEveryEndpoint) {
 // its network gone): silence is judged there too.
 TEST_P(EngineRails, ASilentPeerOnTheSameHostIsDeclaredGone) {
   make_nodes(1);
-  Engine::Options o;
-  o.heartbeat_every = std::chrono::milliseconds(50);
-  o.heartbeat_timeout = std::chrono::milliseconds(400);
+  const Engine::Options o = quick_heartbeats();
   start_engines(nodes, {}, o, /*hosts_differ=*/false);
   auto d = desc(OpType::AllReduce, 64);
   d.timeout_ms = 60000;
@@ -217,9 +221,7 @@ TEST_P(EngineRails, ASilentPeerOnTheSameHostIsDeclaredGone) {
 // stopped) does not blame its peers for the beats it did not read.
 TEST_P(EngineRails, TimeTheEngineWasNotLookingIsNotThePeersSilence) {
   make_nodes(1);
-  Engine::Options o;
-  o.heartbeat_every = std::chrono::milliseconds(50);
-  o.heartbeat_timeout = std::chrono::milliseconds(400);
+  const Engine::Options o = quick_heartbeats();
   start_engines(nodes, {}, o, /*hosts_differ=*/true);
   const auto drive = [&](std::chrono::milliseconds how_long) {
     const auto until = Clock::now() + how_long;
