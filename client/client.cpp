@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "client/client_impl.hpp"
+#include "client/orphan_watch.hpp"
 #include "ipc/names.hpp"
 
 namespace smddp::client {
@@ -157,6 +158,7 @@ ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
 
 void ClientImpl::start() {
   progress_ = std::thread([this] { progress_thread(); });
+  watch_for_orphaning(daemon_pid_);
 }
 
 

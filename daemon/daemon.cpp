@@ -794,6 +794,12 @@ void Daemon::housekeeping(Clock::time_point now) {
     if (auto f = engine_->take_peer_failure()) fail_job(f->error, f->exit_code);
   if (const int sig = stop_signal_.exchange(0)) {
     spdlog::warn("received signal {}; stopping the job", sig);
+    // mpirun signals at once when another daemon of the job died: on the same host its pid says
+    // so already, and the job fails naming it rather than "asked to stop".
+    if (engine_) {
+      engine_->check_peers_now();
+      if (auto f = engine_->take_peer_failure()) fail_job(f->error, f->exit_code);
+    }
     // mpirun stops the other daemons once one died: ranks that already know why the job failed
     // get the usual grace period to report it.
     if (job_error_.empty()) supervisor_.signal_all(SIGTERM);

@@ -88,6 +88,10 @@ pid_t Supervisor::spawn(int local_rank, const std::vector<std::string>& argv, co
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::signal(SIGPIPE, SIG_DFL);
+    // A process group of its own: mpirun signals the daemon's group when it aborts the job, and a
+    // rank that knows why must live to report it. The daemon ends its ranks; a rank whose daemon
+    // was killed ends itself (client/orphan_watch.hpp).
+    ::setpgid(0, 0);
     ::execvpe(cargv[0], cargv.data(), cenv.data());
     const int err = errno;
     [[maybe_unused]] auto n = ::write(status.fd[1], &err, sizeof err);

@@ -29,6 +29,10 @@ constexpr std::uint32_t kBeatMagic = 0x534d4442;  // "SMDB"
 // An operation that failed on the sender before it started there (Engine::OpFailure).
 constexpr std::uint64_t kFailureTag = 2;
 constexpr std::uint32_t kFailureMagic = 0x534d4446;  // "SMDF"
+// How long a message that failed on its connection waits for its peer's death to show (the
+// kernel closes a dying process's sockets before its pid reads as gone).
+constexpr auto kFabricErrorSettle = std::chrono::milliseconds(200);
+
 struct FailureNotice {
   std::uint32_t magic = kFailureMagic;
   std::uint32_t status = 0;
@@ -114,6 +118,9 @@ void Engine::Ctx::send(int node_index, std::uint64_t sub, const void* buf, std::
                         if (!st.ok && keep->error.empty()) {
                           keep->status = Status::PeerFailed;
                           keep->error = st.error;
+                          keep->fabric_error = true;
+                       keep->fabric_failed_at = Clock::now();
+                          keep->fabric_failed_at = Clock::now();
                         }
                       });
 }
@@ -130,6 +137,9 @@ void Engine::Ctx::recv(int node_index, std::uint64_t sub, void* buf, std::size_t
                         if (!st.ok && keep->error.empty()) {
                           keep->status = Status::PeerFailed;
                           keep->error = st.error;
+                          keep->fabric_error = true;
+                       keep->fabric_failed_at = Clock::now();
+                          keep->fabric_failed_at = Clock::now();
                         }
                       });
 }
@@ -606,6 +616,8 @@ void Engine::post_descriptor_recv(const std::shared_ptr<Op>& op, int j, std::byt
                      } else if (keep->error.empty()) {
                        keep->status = Status::PeerFailed;
                        keep->error = st.error;
+                       keep->fabric_error = true;
+                       keep->fabric_failed_at = Clock::now();
                      }
                    });
 }
@@ -813,6 +825,17 @@ std::vector<Finished> Engine::progress(Clock::time_point now) {
   transport_->progress();
   for (auto it = ops_.begin(); it != ops_.end();) {
     if (advance(**it, now)) {
+      // A dying daemon's connections break a moment before its pid shows it gone: give the cause
+      // that moment to show, then name the daemon, as the rest of the job hears it, rather than
+      // the broken socket.
+      if ((*it)->fabric_error && !peer_failure_) {
+        check_peers(now);
+        if (!peer_failure_ && now - (*it)->fabric_failed_at < kFabricErrorSettle) {
+          ++it;
+          continue;
+        }
+      }
+      if ((*it)->fabric_error && peer_failure_) (*it)->error = peer_failure_->error;
       out.push_back(finish_op(**it));
       it = ops_.erase(it);
     } else {

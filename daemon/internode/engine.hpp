@@ -120,6 +120,9 @@ class Engine {
     int exit_code = 1;
   };
   std::optional<PeerFailure> take_peer_failure();
+  // Checks the peers now rather than at the loop's next turn (a daemon told to stop looks for
+  // the cause first).
+  void check_peers_now() { check_peers(Clock::now()); }
   // Tells every peer that this node's job failed (they fail theirs with the same text).
   void announce_failure(const std::string& error, int exit_code);
   // Fails every operation in flight (job failure) and returns them.

@@ -28,6 +28,8 @@ struct Op : std::enable_shared_from_this<Op> {
   int outstanding = 0;                   // messages whose callback has not run
   ipc::Status status = ipc::Status::Ok;
   std::string error;
+  bool fabric_error = false;  // the error came from a fabric message (not a peer check or a notice)
+  Clock::time_point fabric_failed_at{};
   bool mismatch = false;
   // Another node announced this operation failed before it started there: ended in phase 0,
   // while its descriptor messages (into op-owned buffers) may still be posted.

@@ -119,6 +119,19 @@ TEST(Supervisor, DestructorKillsAndReapsRunningChildren) {
   EXPECT_EQ(errno, ECHILD);
 }
 
+TEST(Supervisor, ARankLeadsItsOwnProcessGroupSoASignalToTheDaemonsGroupMissesIt) {
+  // mpirun aborts a job by signalling each daemon's process group; the ranks must stay alive to
+  // report the failure, and end when the daemon ends them.
+  Supervisor sup;
+  const pid_t pid = sup.spawn(0, {"sleep", "30"}, child_environment({}));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (::getpgid(pid) != pid && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(::getpgid(pid), pid);
+  EXPECT_NE(::getpgid(pid), ::getpgrp());
+  sup.signal_all(SIGTERM);
+  EXPECT_EQ(reap_n(sup, 1).size(), 1u);
+}
+
 TEST(Supervisor, SpawnOfAMissingProgramThrows) {
   Supervisor sup;
   try {

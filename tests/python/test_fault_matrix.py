@@ -7,10 +7,9 @@ surviving rank must fail with an error that names what happened, within 5 s of t
 next call into smddp if it was busy with its own work then (the stall: within 5 s of the configured
 timeout, after a stall warning naming the stopped rank), no result may be wrong,
 the launcher must exit non-zero, and nothing of the job may be left running or in /dev/shm or the
-socket folder. A killed daemon falls short of this: mpirun aborts the job as soon as a daemon dies,
-and the survivors not waiting in smddp at that moment are terminated before they can report, so
-there the job must end within 10 s and every error given must name the dead daemon. Each fault once
-here, 20 times with SMDDP_LONG_TESTS=1 (scripts/test.sh --long).
+socket folder. A killed daemon's ranks are survivors too: they must name their dead daemon, and the
+other node's ranks must name it as well, although mpirun tells every daemon to stop as soon as one
+died. Each fault once here, 20 times with SMDDP_LONG_TESTS=1 (scripts/test.sh --long).
 With SMDDP_FAULT_MATRIX_JSON=FILE the figures (time to error, leftovers) are written to FILE."""
 import collections
 import glob
@@ -34,7 +33,6 @@ LONG = os.environ.get("SMDDP_LONG_TESTS") == "1"
 FABRIC = os.environ.get("SMDDP_HAVE_FABRIC", "ON").upper() not in ("OFF", "0", "FALSE")
 REPS = int(os.environ.get("SMDDP_FAULT_REPS", 20 if LONG else 1))
 TIMEOUT_S = 8  # the process groups' timeout (and the daemons'), for the stall
-DAEMON_KILLS = ("kill_daemon", "kill_daemon_other_node")
 FAULTS = ["kill_rank", "kill_rank_other_node", "kill_daemon", "kill_daemon_other_node", "stall", "mismatch",
           "malformed", "fabric_silence"]
 FIGURES = {}
@@ -112,7 +110,6 @@ def run_once(fault, rng):
         else:
             victim, needle = None, "collective mismatch"
         out, _ = proc.communicate(timeout=120)
-        ended_after = time.time() - fault_at
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -121,6 +118,10 @@ def run_once(fault, rng):
             os.kill(stopped, signal.SIGKILL)
     with open(os.path.join(tmp, "output.log"), "w") as f:  # kept with the run's files when it fails
         f.write(out)
+    # A killed daemon's ranks are not mpirun's: they may still be reporting when it returns.
+    deadline = time.time() + 15
+    while time.time() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.1)
     out_note = "(the whole output: %s/output.log)\n" % tmp
     assert proc.returncode != 0, "the launcher exited 0 after %s:\n%s" % (fault, out[-4000:])
     results = {}
@@ -131,14 +132,8 @@ def run_once(fault, rng):
                 at, started, kind, msg = f.read().split(" ", 3)
             results[r] = Result(float(at), float(started), kind, msg)
     survivors = [r for r in range(4) if r != victim]
-    if fault in DAEMON_KILLS:
-        # mpirun aborts the job when a daemon dies: the other daemon is told to stop, and the
-        # ranks that were not waiting in smddp at that moment end without a word (known gap).
-        assert ended_after < 10.0, "%s: the job ended %.1f s after the fault" % (fault, ended_after)
-        assert set(results) <= set(survivors), (fault, sorted(results))
-    else:
-        assert sorted(results) == survivors, "%s: results from ranks %s, expected %s\n%s%s" % (
-            fault, sorted(results), survivors, out_note, out[-4000:])
+    assert sorted(results) == survivors, "%s: results from ranks %s, expected %s\n%s%s" % (
+        fault, sorted(results), survivors, out_note, out[-4000:])
     wrong = {r: v for r, v in results.items() if v.kind == "WRONG"}
     assert not wrong, "%s: wrong results %s" % (fault, wrong)
     if fault in ("mismatch", "malformed"):  # no moment to measure from: the spread of the ranks' errors

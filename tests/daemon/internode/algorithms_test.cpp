@@ -563,7 +563,7 @@ TEST(Algorithms, ANodeThatFailsMidOperationFailsItOnEveryNode) {
       EXPECT_EQ(done[static_cast<std::size_t>(i)].size(), run.chunks()) << "node " << i << " still waits";
       for (const auto& f : done[static_cast<std::size_t>(i)]) {
         EXPECT_EQ(f.match.status, ipc::Status::PeerFailed) << f.match.error;
-        const bool names_it = f.match.error.find("on node 2 died") != std::string::npos ||
+        const bool names_it = f.match.error.find("on node 2 stopped answering") != std::string::npos ||
                               f.match.error.find("transport 2 failed") != std::string::npos;
         EXPECT_TRUE(names_it) << "node " << i << ": " << f.match.error;
       }

@@ -100,12 +100,13 @@ struct Node {
 // Gives each of the two nodes its engine, over the transports they were made with. Slot s
 // takes endpoint s mod N unless `rail_of_slot` (by node) says otherwise.
 // `hosts` differ: each node takes the other for a daemon on another host, judged by its heartbeats.
+// `node0_pid`: the pid node 1 takes node 0's daemon for (0: this process).
 inline void start_engines(std::vector<std::unique_ptr<Node>>& nodes, std::vector<std::vector<int>> rail_of_slot = {},
-                          Engine::Options options = {}, bool hosts_differ = false) {
+                          Engine::Options options = {}, bool hosts_differ = false, pid_t node0_pid = 0) {
   Topology t;
   t.num_nodes = 2;
   t.nproc_per_node = kRanks;
-  t.nodes = {{::getpid(), "test-host"}, {::getpid(), hosts_differ ? "other-test-host" : "test-host"}};
+  t.nodes = {{node0_pid ? node0_pid : ::getpid(), "test-host"}, {::getpid(), hosts_differ ? "other-test-host" : "test-host"}};
   std::vector<NodeCard> cards;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     NodeCard card{nodes[i]->transport->local_addresses(), {}};

@@ -1,6 +1,8 @@
 // The engine over several endpoints per node: operations spread over them, an operation with one
 // member per node takes its members' endpoints, and a dead peer fails what waits on any of them.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <string>
 #include <thread>
@@ -215,6 +217,32 @@ TEST_P(EngineRails, ASilentPeerOnTheSameHostIsDeclaredGone) {
             std::string::npos)
       << done[0].match.error;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+}
+
+// A dead daemon's connections break at once, usually before its pid is next checked: what
+// failed on the broken connection names the dead daemon, as the rest of the job hears it.
+// (The loopback transport breaks on request: no parameter.)
+TEST(EngineFailures, AnOperationBrokenByADeadDaemonNamesTheDaemonNotTheSocket) {
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  int st = 0;
+  ::waitpid(gone, &st, 0);  // a pid that no longer runs
+  auto fabric = std::make_shared<transport::LoopbackFabric>();
+  const auto job = unique_job();
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (int i = 0; i < 2; ++i) nodes.push_back(std::make_unique<Node>(i, job, fabric));
+  start_engines(nodes, {}, quick_heartbeats(), /*hosts_differ=*/false, gone);
+  fabric->break_transport(0);  // node 0's, the first made
+  auto d = desc(OpType::AllReduce, 2 * kEagerBytes / 4);
+  d.timeout_ms = 60000;
+  nodes[1]->engine->start(nodes[1]->match(d, 1, d.count * 4, d.count * 4), Clock::now());
+  std::vector<Finished> done;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (done.empty() && Clock::now() < until)
+    for (auto& f : nodes[1]->engine->progress(Clock::now())) done.push_back(std::move(f));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].match.status, ipc::Status::PeerFailed);
+  EXPECT_EQ(done[0].match.error, "smddp daemon (pid " + std::to_string(gone) + ") on node 0 died");
 }
 
 // A daemon that was not looking (descheduled; here: a thread that drives both engines and

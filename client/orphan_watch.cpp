@@ -1,0 +1,32 @@
+#include "client/orphan_watch.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace smddp::client {
+
+void watch_for_orphaning(pid_t daemon_pid, std::chrono::seconds grace) {
+  static std::once_flag once;
+  std::call_once(once, [daemon_pid, grace] {
+    if (daemon_pid <= 0 || ::getppid() != daemon_pid) return;
+    // Detached on purpose: it lives as long as the process and touches no shared state, so the
+    // process may exit (or fork) at any moment without joining it.
+    std::thread([daemon_pid, grace] {
+      while (::getppid() == daemon_pid) std::this_thread::sleep_for(std::chrono::seconds(1));
+      std::this_thread::sleep_for(grace);
+      const std::string why = "smddp: this rank's daemon (pid " + std::to_string(daemon_pid) + ") is gone and the rank " +
+                              "has not exited " + std::to_string(grace.count()) +
+                              " s later; ending it so that it does not outlive its job\n";
+      [[maybe_unused]] const auto n = ::write(STDERR_FILENO, why.data(), why.size());
+      ::kill(::getpid(), SIGTERM);
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+      ::kill(::getpid(), SIGKILL);
+    }).detach();
+  });
+}
+
+}  // namespace smddp::client
