@@ -116,11 +116,7 @@ void Engine::Ctx::send(int node_index, std::uint64_t sub, const void* buf, std::
                       [keep](transport::Status st) {
                         --keep->outstanding;
                         if (!st.ok && keep->error.empty()) {
-                          keep->status = Status::PeerFailed;
-                          keep->error = st.error;
-                          keep->fabric_error = true;
-                       keep->fabric_failed_at = Clock::now();
-                          keep->fabric_failed_at = Clock::now();
+                          keep->fail_by_fabric(st.error);
                         }
                       });
 }
@@ -135,11 +131,7 @@ void Engine::Ctx::recv(int node_index, std::uint64_t sub, void* buf, std::size_t
                       [keep](transport::Status st) {
                         --keep->outstanding;
                         if (!st.ok && keep->error.empty()) {
-                          keep->status = Status::PeerFailed;
-                          keep->error = st.error;
-                          keep->fabric_error = true;
-                       keep->fabric_failed_at = Clock::now();
-                          keep->fabric_failed_at = Clock::now();
+                          keep->fail_by_fabric(st.error);
                         }
                       });
 }
@@ -614,10 +606,7 @@ void Engine::post_descriptor_recv(const std::shared_ptr<Op>& op, int j, std::byt
                      if (st.ok) {
                        keep->heard[static_cast<std::size_t>(j)] = 1;
                      } else if (keep->error.empty()) {
-                       keep->status = Status::PeerFailed;
-                       keep->error = st.error;
-                       keep->fabric_error = true;
-                       keep->fabric_failed_at = Clock::now();
+                       keep->fail_by_fabric(st.error);
                      }
                    });
 }
@@ -828,14 +817,14 @@ std::vector<Finished> Engine::progress(Clock::time_point now) {
       // A dying daemon's connections break a moment before its pid shows it gone: give the cause
       // that moment to show, then name the daemon, as the rest of the job hears it, rather than
       // the broken socket.
-      if ((*it)->fabric_error && !peer_failure_) {
+      if ((*it)->failed_by_fabric() && !peer_failure_) {
         check_peers(now);
         if (!peer_failure_ && now - (*it)->fabric_failed_at < kFabricErrorSettle) {
           ++it;
           continue;
         }
       }
-      if ((*it)->fabric_error && peer_failure_) (*it)->error = peer_failure_->error;
+      if ((*it)->failed_by_fabric() && peer_failure_) (*it)->error = peer_failure_->error;
       out.push_back(finish_op(**it));
       it = ops_.erase(it);
     } else {

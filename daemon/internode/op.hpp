@@ -28,8 +28,14 @@ struct Op : std::enable_shared_from_this<Op> {
   int outstanding = 0;                   // messages whose callback has not run
   ipc::Status status = ipc::Status::Ok;
   std::string error;
-  bool fabric_error = false;  // the error came from a fabric message (not a peer check or a notice)
+  // When a fabric message of it failed (not a peer check or a notice): set once, with the error.
   Clock::time_point fabric_failed_at{};
+  void fail_by_fabric(std::string why) {
+    status = ipc::Status::PeerFailed;
+    error = std::move(why);
+    fabric_failed_at = Clock::now();
+  }
+  bool failed_by_fabric() const { return fabric_failed_at != Clock::time_point{}; }
   bool mismatch = false;
   // Another node announced this operation failed before it started there: ended in phase 0,
   // while its descriptor messages (into op-owned buffers) may still be posted.
