@@ -94,16 +94,16 @@ def test_gpu_hierarchical_rank_killed(victim, phase):
     job = run_job("gpu_fail_worker.py", 2, args=[victim, phase], timeout=240,
                   smddprun_args=("--simulate-nodes", "2"), extra_env=ONE_GPU_TWO_BY_TWO)
     assert job.returncode != 0, job.output[-3000:]
-    m = re.search(r"^SMDDP-VICTIM (\d+) ([0-9.]+)$", job.output, re.M)
+    m = re.search(r"^SMDDP-VICTIM (\d+) ([0-9.]+)$", job.records, re.M)
     assert m and int(m.group(1)) == victim, "the victim did not get to die\n" + job.output[-3000:]
     reports = {int(r): (cls, float(t), msg) for r, cls, t, msg in
-               re.findall(r"^SMDDP-SURVIVOR (\d+) (\S+) ([0-9.]+) (.*)$", job.output, re.M)}
+               re.findall(r"^SMDDP-SURVIVOR (\d+) (\S+) ([0-9.]+) (.*)$", job.records, re.M)}
     assert sorted(reports) == [r for r in range(4) if r != victim], "survivor reports: %s\n%s" % (
         reports, job.output[-3000:])
     for r, (cls, t, msg) in reports.items():
         assert cls.startswith("SMDDP"), "rank %d raised %s: %s" % (r, cls, msg)
         assert re.search(r"\brank %d\b" % victim, msg), "rank %d's error does not name rank %d: %s" % (r, victim, msg)
         assert t - float(m.group(2)) < 10, "rank %d learned of the failure after %.1f s" % (r, t - float(m.group(2)))
-    drained = set(int(r) for r in re.findall(r"^SMDDP-DRAINED (\d+)$", job.output, re.M))
+    drained = set(int(r) for r in re.findall(r"^SMDDP-DRAINED (\d+)$", job.records, re.M))
     assert drained == set(reports), "GPUs left waiting: %s" % (set(reports) - drained)
     assert not job.leftovers()

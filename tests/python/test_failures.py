@@ -15,11 +15,12 @@ KEEP_SURVIVORS = ("--mca", "orte_abort_on_non_zero_status", "0")
 
 def survivors_report(job, victim, nproc, how_soon_s=5.0):
     tail = job.output[-4000:]
-    m = re.search(r"^SMDDP-VICTIM (\d+) ([0-9.]+)$", job.output, re.M)
+    # The records, not the output: mpirun's forwarding may cut a line and splice another in.
+    m = re.search(r"^SMDDP-VICTIM (\d+) ([0-9.]+)$", job.records, re.M)
     assert m and int(m.group(1)) == victim, "the victim did not get to fail\n" + tail
     t_victim = float(m.group(2))
     reports = {int(r): (cls, float(t), msg) for r, cls, t, msg in
-               re.findall(r"^SMDDP-SURVIVOR (\d+) (\S+) ([0-9.]+) (.*)$", job.output, re.M)}
+               re.findall(r"^SMDDP-SURVIVOR (\d+) (\S+) ([0-9.]+) (.*)$", job.records, re.M)}
     assert sorted(reports) == [r for r in range(nproc) if r != victim], "survivor reports: %s\n%s" % (reports, tail)
     for r, (cls, t, msg) in reports.items():
         assert cls == "SMDDPPeerFailedError", "rank %d raised %s: %s" % (r, cls, msg)

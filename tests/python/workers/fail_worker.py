@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
-from common import announce
+from common import announce, emit
 
 torch.set_num_threads(1)
 # A short process-group timeout: if the failure were never reported the survivors would still
@@ -27,8 +27,8 @@ how = sys.argv[2] if len(sys.argv) > 2 else "raise"  # raise | sigkill
 
 
 def line(text):
-    sys.stdout.flush()
-    os.write(1, (text.replace("\n", " | ") + "\n").encode())
+    # Also into the test's record folder: Open MPI's output forwarding may cut a line in two.
+    emit(text.replace("\n", " | "))
 
 
 for _ in range(5):  # a few good steps first

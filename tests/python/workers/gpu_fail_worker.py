@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
-from common import announce
+from common import announce, emit
 
 local = int(os.environ.get("LOCAL_RANK", "0"))
 if os.environ.get("SMDDP_TEST_GPU_BY_RANK") == "1":
@@ -41,8 +41,8 @@ N = 8 << 20  # 32 MiB of float32: large enough for the hierarchical path whateve
 
 
 def line(text):
-    sys.stdout.flush()
-    os.write(1, (text.replace("\n", " | ") + "\n").encode())
+    # Also into the test's record folder: Open MPI's output forwarding may cut a line in two.
+    emit(text.replace("\n", " | "))
 
 
 def die():
