@@ -27,7 +27,7 @@ struct DaemonConfig {
   std::chrono::seconds exit_grace{10};
   std::string log_level = "info";
   std::string fabric_provider = "tcp;ofi_rxm";
-  std::string fabric_interface = "lo";
+  std::string fabric_interface = "auto";  // daemon/internode/interface_choice.hpp
   int fabric_endpoints = 1;              // endpoints ("rails"): one per EFA device on AWS
   std::size_t fabric_max_inflight = 64;  // sends posted to the provider at once, per endpoint
   std::size_t fabric_max_message = 0;    // largest provider message (bytes); 0: the provider's

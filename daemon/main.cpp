@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "daemon/job_cleanup.hpp"
 #include "daemon/reserved_port.hpp"
 #ifdef SMDDP_HAVE_FABRIC
+#include "daemon/internode/interface_choice.hpp"
 #include "daemon/internode/node_card.hpp"
 #include "daemon/internode/rail_map.hpp"
 #include "daemon/transport/fault_injection.hpp"
@@ -124,11 +126,12 @@ daemon::JobLayout bootstrap(int simulate_nodes, std::optional<daemon::ReservedPo
 
 #ifdef SMDDP_HAVE_FABRIC
 // Opens this node's fabric endpoints. Collective over nothing: the callers agree on failures.
-std::unique_ptr<daemon::transport::Transport> open_transport(const daemon::DaemonConfig& c, int node_id,
+std::unique_ptr<daemon::transport::Transport> open_transport(const daemon::DaemonConfig& c,
+                                                             const std::string& interface, int node_id,
                                                              std::string& error) {
   daemon::transport::TransportConfig tc;
   tc.provider = c.fabric_provider;
-  tc.interface = c.fabric_interface;
+  tc.interface = interface;
   tc.endpoints = c.fabric_endpoints;
   tc.max_inflight = c.fabric_max_inflight;
   tc.max_message = c.fabric_max_message;
@@ -191,13 +194,52 @@ daemon::internode::NodeCard read_card(const std::vector<std::uint8_t>& bytes, in
   }
 }
 
+// The interface the endpoints bind to (fabric.interface, `auto` chosen from every host's
+// addresses, daemon/internode/interface_choice.hpp). Collective over MPI_COMM_WORLD; a refusal
+// comes back in `error`, so that every daemon still takes part in what follows.
+std::string agree_on_interface(const daemon::JobLayout& l, const daemon::DaemonConfig& c, std::string& error) {
+  namespace in = daemon::internode;
+  constexpr int kMaxAddresses = 16;
+  struct Addresses {
+    char host[256] = {};
+    std::int32_t count = 0;
+    std::uint32_t ipv4[kMaxAddresses] = {};
+  };
+  const auto mine = in::local_ipv4_addresses();
+  const auto offered = in::reachable_from_elsewhere(mine);
+  Addresses me;
+  std::strncpy(me.host, l.hostname.c_str(), sizeof me.host - 1);
+  for (const auto& a : offered)
+    if (me.count < kMaxAddresses) me.ipv4[me.count++] = a.ipv4;
+  std::vector<Addresses> all(static_cast<std::size_t>(l.num_nodes));
+  MPI_Allgather(&me, sizeof me, MPI_BYTE, all.data(), sizeof me, MPI_BYTE, MPI_COMM_WORLD);
+  std::vector<in::PeerHost> elsewhere;
+  for (int n = 0; n < l.num_nodes; ++n) {
+    const auto& a = all[static_cast<std::size_t>(n)];
+    const std::string host(a.host, ::strnlen(a.host, sizeof a.host));
+    if (host == l.hostname) continue;
+    in::PeerHost p{n, host, {}};
+    for (int i = 0; i < std::clamp(a.count, 0, kMaxAddresses); ++i) p.addresses.push_back(a.ipv4[i]);
+    elsewhere.push_back(std::move(p));
+  }
+  try {
+    const auto choice = in::choose_interface(c.fabric_interface, mine, elsewhere, in::kernel_route_lookup(mine));
+    spdlog::info("fabric: interface '{}' ({})", choice.interface, choice.why);
+    return choice.interface;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  return {};
+}
+
 // Opens this node's fabric endpoints and agrees, over MPI, on every node's card, daemon pid and
 // host: what the inter-node engine needs. Collective over MPI_COMM_WORLD.
 daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const daemon::DaemonConfig& c) {
   daemon::InternodeSetup s;
   std::string error;
   std::vector<std::uint8_t> card;
-  s.transport = open_transport(c, l.node_id, error);
+  const auto interface = agree_on_interface(l, c, error);
+  if (error.empty()) s.transport = open_transport(c, interface, l.node_id, error);
   if (s.transport) {
     try {
       card = daemon::internode::encode_node_card(describe_endpoints(*s.transport, l.nproc_per_node, s.gpu_of_slot));
@@ -215,11 +257,14 @@ daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const dae
     std::int32_t pid = 0;
     std::int32_t card_bytes = 0;
     char host[256] = {};
+    char address[128] = {};  // the first endpoint's printable name, for errors
   };
   Record mine;
   mine.pid = ::getpid();
   mine.card_bytes = static_cast<std::int32_t>(card.size());
   std::strncpy(mine.host, l.hostname.c_str(), sizeof mine.host - 1);
+  if (const auto infos = s.transport->endpoint_info(); !infos.empty())
+    std::strncpy(mine.address, infos.front().address.c_str(), sizeof mine.address - 1);
   std::vector<Record> records(static_cast<std::size_t>(l.num_nodes));
   MPI_Allgather(&mine, sizeof(Record), MPI_BYTE, records.data(), sizeof(Record), MPI_BYTE, MPI_COMM_WORLD);
   std::vector<int> counts, displacements;
@@ -241,25 +286,34 @@ daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const dae
     const auto at = cards.begin() + displacements[static_cast<std::size_t>(n)];
     s.cards.push_back(read_card({at, at + counts[static_cast<std::size_t>(n)]}, n, l.nproc_per_node, "MPI bootstrap"));
     const Record& r = records[static_cast<std::size_t>(n)];
-    s.topology.nodes.push_back({r.pid, std::string(r.host, ::strnlen(r.host, sizeof r.host))});
+    s.topology.nodes.push_back({r.pid, std::string(r.host, ::strnlen(r.host, sizeof r.host)),
+                                std::string(r.address, ::strnlen(r.address, sizeof r.address))});
   }
   return s;
 }
 
-// Launch path 2 across nodes: no MPI. The daemon writes "CARD PID HOST" to DIR/address (CARD:
+// Launch path 2 across nodes: no MPI. The daemon writes "CARD PID HOST ADDRESS" to DIR/address (CARD:
 // its node card in hex, daemon/internode/node_card.hpp); local rank 0 (smdistributed's
 // _launch.py) publishes the line in the c10d Store, gathers every node's and writes them, one
 // per node in node order, to DIR/peers, which we wait for.
 daemon::InternodeSetup file_bootstrap(const daemon::JobLayout& l, const daemon::DaemonConfig& c,
                                       const std::filesystem::path& dir, std::chrono::seconds timeout) {
+  namespace in = daemon::internode;
   daemon::InternodeSetup s;
   std::string error;
-  s.transport = open_transport(c, l.node_id, error);
+  const auto mine = in::local_ipv4_addresses();
+  const auto choice = in::choose_interface_for_rendezvous(c.fabric_interface, l.master_addr,
+                                                          in::resolve_ipv4(l.master_addr), mine,
+                                                          in::kernel_route_lookup(mine));
+  spdlog::info("fabric: interface '{}' ({})", choice.interface, choice.why);
+  s.transport = open_transport(c, choice.interface, l.node_id, error);
   if (!s.transport) throw std::runtime_error(error);
   const auto card = daemon::internode::encode_node_card(describe_endpoints(*s.transport, l.nproc_per_node, s.gpu_of_slot));
   {
     std::ofstream f(dir / "address.tmp");
-    f << daemon::internode::to_hex(card) << " " << ::getpid() << " " << l.hostname << "\n";
+    const auto infos = s.transport->endpoint_info();
+    f << daemon::internode::to_hex(card) << " " << ::getpid() << " " << l.hostname << " "
+      << (infos.empty() || infos.front().address.empty() ? "-" : infos.front().address) << "\n";
     if (!f) throw std::runtime_error("cannot write " + (dir / "address.tmp").string());
   }
   std::filesystem::rename(dir / "address.tmp", dir / "address");
@@ -280,9 +334,11 @@ daemon::InternodeSetup file_bootstrap(const daemon::JobLayout& l, const daemon::
     daemon::internode::PeerInfo info;
     std::getline(f, line);
     std::istringstream fields(line);
-    if (!f || !(fields >> hex >> info.pid >> info.hostname))
+    if (!f || !(fields >> hex >> info.pid >> info.hostname >> info.address))
       throw std::runtime_error("peer list " + peers + " has fewer than " + std::to_string(l.num_nodes) +
-                               " well-formed lines (\"CARD PID HOST\"): line " + std::to_string(n + 1) + " is '" + line + "'");
+                               " well-formed lines (\"CARD PID HOST ADDRESS\"): line " + std::to_string(n + 1) +
+                               " is '" + line + "'");
+    if (info.address == "-") info.address.clear();
     std::vector<std::uint8_t> bytes;
     try {
       bytes = daemon::internode::from_hex(hex);

@@ -273,6 +273,7 @@ void Engine::post_beat_recv(int node) {
                        return;
                      }
                      p.last_heard = Clock::now();
+                     p.heard_from = true;
                      if (m.magic == kBeatMagic) {
                        const auto s = static_cast<PeerState>(m.state);
                        if (s == PeerState::Failed && p.state == PeerState::Alive) {
@@ -447,10 +448,17 @@ void Engine::check_peers(Clock::time_point now) {
       }
       if (p.state != PeerState::Alive || silent_for(p) <= options_.heartbeat_timeout) continue;
     }
-    peer_lost(n, who + " stopped answering: no heartbeat from " + info.hostname + " for " +
-                     std::to_string(options_.heartbeat_timeout.count()) +
-                     " ms (the daemon died or hangs, or the network between the nodes is down)",
-              1);
+    const std::string timeout = std::to_string(options_.heartbeat_timeout.count()) + " ms";
+    if (!p.heard_from)
+      peer_lost(n, "cannot reach the " + who + " (host " + info.hostname +
+                       (info.address.empty() ? "" : ", address " + info.address) + "): nothing arrived from it in " +
+                       timeout + " since the job started (no route between the hosts, a firewall, or an interface " +
+                       "the other host cannot reach: see fabric.interface)",
+                1);
+    else
+      peer_lost(n, who + " stopped answering: no heartbeat from " + info.hostname + " for " + timeout +
+                       " (the daemon died or hangs, or the network between the nodes is down)",
+                1);
   }
 }
 

@@ -49,6 +49,7 @@ namespace smddp::daemon::internode {
 struct PeerInfo {
   int pid = 0;
   std::string hostname;
+  std::string address;  // its first endpoint's printable name, for errors ("" where unknown)
 };
 
 struct Topology {
@@ -168,6 +169,7 @@ class Engine {
     RailTable rails;  // the node's endpoints, from its card
     PeerState state = PeerState::Alive;
     Clock::time_point last_heard;
+    bool heard_from = false;  // any beat arrived: silence from the start means unreachable
     Clock::time_point last_sent{};
     int beats_in_flight = 0;
     bool goodbye_sent = false;  // our Done/Failed beat went out

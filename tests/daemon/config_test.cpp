@@ -78,7 +78,7 @@ TEST(DaemonConfig, BuiltInDefaults) {
   EXPECT_EQ(c.exit_grace, 10s);
   EXPECT_EQ(c.log_level, "info");
   EXPECT_EQ(c.fabric_provider, "tcp;ofi_rxm");
-  EXPECT_EQ(c.fabric_interface, "lo");
+  EXPECT_EQ(c.fabric_interface, "auto");
   EXPECT_EQ(c.fabric_endpoints, 1);
   EXPECT_EQ(c.direct_read_min_bytes, std::optional<std::uint64_t>(8ull << 10));
 }
@@ -148,7 +148,7 @@ TEST(DaemonConfig, FileValuesReplaceDefaults) {
   EXPECT_EQ(c.worker_threads, 3);
   EXPECT_EQ(c.log_level, "debug");
   EXPECT_EQ(c.fabric_provider, "shm");
-  EXPECT_EQ(c.fabric_interface, "lo");  // not in the file: default
+  EXPECT_EQ(c.fabric_interface, "auto");  // not in the file: default
   EXPECT_EQ(c.stall_warning, 60s);
 }
 

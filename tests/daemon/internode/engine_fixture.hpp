@@ -106,7 +106,8 @@ inline void start_engines(std::vector<std::unique_ptr<Node>>& nodes, std::vector
   Topology t;
   t.num_nodes = 2;
   t.nproc_per_node = kRanks;
-  t.nodes = {{node0_pid ? node0_pid : ::getpid(), "test-host"}, {::getpid(), hosts_differ ? "other-test-host" : "test-host"}};
+  t.nodes = {{node0_pid ? node0_pid : ::getpid(), "test-host", "test-address-0"},
+             {::getpid(), hosts_differ ? "other-test-host" : "test-host", "test-address-1"}};
   std::vector<NodeCard> cards;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     NodeCard card{nodes[i]->transport->local_addresses(), {}};

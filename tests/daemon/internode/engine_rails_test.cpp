@@ -168,12 +168,20 @@ Engine::Options quick_heartbeats() {
   return o;
 }
 
+// Drives both engines for `how_long`: they exchange beats, so each has heard from the other.
+void exchange_beats(std::vector<std::unique_ptr<Node>>& nodes, std::chrono::milliseconds how_long) {
+  const auto until = Clock::now() + how_long;
+  while (Clock::now() < until)
+    for (auto& n : nodes) EXPECT_TRUE(n->engine->progress(Clock::now()).empty());
+}
+
 // A peer that falls silent is declared dead: what waits on it fails at once, on every endpoint
 // (here: operation chunks striped over all three), not at the operations' timeout.
 TEST_P(EngineRails, ADeadPeerFailsWhatWaitsOnEveryEndpoint) {
   make_nodes(3);
   const Engine::Options o = quick_heartbeats();
   start_engines(nodes, {}, o, /*hosts_differ=*/true);
+  exchange_beats(nodes, std::chrono::milliseconds(200));  // then node 0 falls silent
   constexpr int kChunks = 12;
   constexpr std::uint64_t n = 2 * kEagerBytes / 4;
   for (int c = 0; c < kChunks; ++c) {
@@ -204,6 +212,7 @@ TEST_P(EngineRails, ASilentPeerOnTheSameHostIsDeclaredGone) {
   make_nodes(1);
   const Engine::Options o = quick_heartbeats();
   start_engines(nodes, {}, o, /*hosts_differ=*/false);
+  exchange_beats(nodes, std::chrono::milliseconds(200));
   auto d = desc(OpType::AllReduce, 64);
   d.timeout_ms = 60000;
   nodes[1]->engine->start(nodes[1]->match(d, 1, 256, 256), Clock::now());  // node 0 never runs again
@@ -216,6 +225,27 @@ TEST_P(EngineRails, ASilentPeerOnTheSameHostIsDeclaredGone) {
   EXPECT_NE(done[0].match.error.find("on node 0 stopped answering: no heartbeat from test-host for 400 ms"),
             std::string::npos)
       << done[0].match.error;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+}
+
+// A peer never heard from since the job started is unreachable, not dead: the error names the
+// address this daemon was given for it (a wrong interface, no route, a firewall).
+TEST_P(EngineRails, APeerNeverHeardFromIsNamedUnreachable) {
+  make_nodes(1);
+  start_engines(nodes, {}, quick_heartbeats(), /*hosts_differ=*/true);
+  auto d = desc(OpType::AllReduce, 64);
+  d.timeout_ms = 60000;
+  nodes[1]->engine->start(nodes[1]->match(d, 1, 256, 256), Clock::now());  // node 0 never runs
+  const auto start = Clock::now();
+  std::vector<Finished> done;
+  while (done.empty() && Clock::now() - start < std::chrono::seconds(10))
+    for (auto& f : nodes[1]->engine->progress(Clock::now())) done.push_back(std::move(f));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].match.status, ipc::Status::PeerFailed);
+  const auto& e = done[0].match.error;
+  EXPECT_NE(e.find("cannot reach the smddp daemon (pid"), std::string::npos) << e;
+  EXPECT_NE(e.find("on node 0 (host test-host, address test-address-0): nothing arrived from it in 400 ms"), std::string::npos) << e;
+  EXPECT_EQ(e.find("stopped answering"), std::string::npos) << e;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
 }
 

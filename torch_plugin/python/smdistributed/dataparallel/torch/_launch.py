@@ -23,9 +23,9 @@ Environment read under launch path 2 (all optional):
   path-2 counterpart of ``smddprun --simulate-nodes K``.
 
 Across nodes, every node's local rank 0 starts its daemon with SMDDP_BOOTSTRAP_DIR set to a
-fresh private folder; the daemon opens its fabric endpoints and writes "ADDRESS PID HOST" to
-DIR/address (ADDRESS: its node card in hex, every endpoint's name and which endpoint serves each
-local slot; only daemons read it); local rank 0 publishes that line in the Store, gathers every
+fresh private folder; the daemon opens its fabric endpoints and writes "CARD PID HOST ADDRESS" to
+DIR/address (CARD: its node card in hex, every endpoint's name and which endpoint serves each
+local slot; ADDRESS: its first endpoint's printable name; only daemons read it); local rank 0 publishes that line in the Store, gathers every
 node's, writes them in node order to DIR/peers (the daemon waits for it) and removes the folder
 once the daemon is up.
 Ranks must be placed node by node (rank = node * ranks_per_node + local rank, as mpirun's
