@@ -1,4 +1,5 @@
 #include "client/ctl/control_client.hpp"
+#include "ipc/unique_fd.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -26,20 +27,7 @@ using Clock = std::chrono::steady_clock;
 // A reply larger than this is not a status document.
 constexpr std::size_t kMaxReplyBytes = 64u << 20;
 
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-
- private:
-  int fd_;
-};
+using ipc::UniqueFd;
 
 std::string errno_text() { return std::strerror(errno); }
 

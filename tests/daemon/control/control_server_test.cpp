@@ -1,5 +1,6 @@
 // ControlServer, queried through the client smddp-ctl uses.
 #include "daemon/control/control_server.hpp"
+#include "ipc/unique_fd.hpp"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -55,19 +56,7 @@ class SocketDirTest : public ::testing::Test {
   fs::path dir_;
 };
 
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using smddp::ipc::UniqueFd;
 
 sockaddr_un address_of(const fs::path& path) {
   sockaddr_un addr{};
