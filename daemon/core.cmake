@@ -16,6 +16,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/transport/fault_injection.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/interface_choice.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/internode/lifeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/node_card.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/rail_map.cpp
   ${CMAKE_CURRENT_LIST_DIR}/internode/staging_pool.cpp

@@ -95,6 +95,7 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
     spdlog::info("algorithms across nodes: {}", internode::to_string(o.algorithm));
     engine_ = std::make_unique<internode::Engine>(std::move(internode->topology), std::move(internode->transport),
                                                   internode->cards, segment_, host_.pool(), o);
+    if (internode->lifelines) engine_->watch_lifelines(std::move(internode->lifelines));
     assumed_gpu_ = std::move(internode->gpu_of_slot);
   }
   ipc::ensure_socket_dir();

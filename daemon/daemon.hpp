@@ -57,6 +57,8 @@ struct InternodeSetup {
   // The GPU this node's slot table assumed for each local slot ("" when none): a rank that
   // registers with another is logged (its rail is not the nearest one).
   std::vector<std::string> gpu_of_slot;
+  // Connections to the other daemons whose end shows a death at once (lifeline.hpp); may be null.
+  std::unique_ptr<internode::Lifelines> lifelines;
 };
 
 class Daemon {

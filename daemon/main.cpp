@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <set>
@@ -78,11 +80,35 @@ int cleanup_stale() {
   return 0;
 }
 
+// MPI_Finalize is collective: with a host of the job cut off it never returns, and mpirun, which
+// waits for this daemon, would wait with it. The daemon's work is done by then, so past
+// kFinalizeLimit it exits without it, with the status it decided.
+constexpr auto kFinalizeLimit = std::chrono::seconds(10);
+
 struct MpiSession {
   MpiSession(int* argc, char*** argv) { MPI_Init(argc, argv); }
-  ~MpiSession() { MPI_Finalize(); }
+  ~MpiSession() {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread watchdog([&] {
+      std::unique_lock lk(m);
+      if (cv.wait_for(lk, kFinalizeLimit, [&] { return done; })) return;
+      std::cerr << "smddp-daemon: MPI_Finalize did not return within " << kFinalizeLimit.count()
+                << " s (a host of the job cannot be reached); exiting without it\n";
+      std::_Exit(exit_status != 0 ? exit_status : 1);
+    });
+    MPI_Finalize();
+    {
+      std::lock_guard lk(m);
+      done = true;
+    }
+    cv.notify_one();
+    watchdog.join();
+  }
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
+  int exit_status = 1;  // what the daemon exits with should finalize hang
 };
 
 // Node id, node count, hostnames and the rendezvous address, agreed over MPI. Node 0 holds the
@@ -240,6 +266,15 @@ daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const dae
   std::vector<std::uint8_t> card;
   const auto interface = agree_on_interface(l, c, error);
   if (error.empty()) s.transport = open_transport(c, interface, l.node_id, error);
+  if (error.empty()) {
+    // On the fabric's interface: what reaches the other hosts for one reaches them for the other.
+    const auto ip = daemon::internode::address_of(daemon::internode::local_ipv4_addresses(), interface);
+    try {
+      if (!ip.empty()) s.lifelines = std::make_unique<daemon::internode::Lifelines>(ip);
+    } catch (const std::exception& e) {
+      spdlog::warn("{}; other daemons' deaths show by their silence alone", e.what());
+    }
+  }
   if (s.transport) {
     try {
       card = daemon::internode::encode_node_card(describe_endpoints(*s.transport, l.nproc_per_node, s.gpu_of_slot));
@@ -258,6 +293,7 @@ daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const dae
     std::int32_t card_bytes = 0;
     char host[256] = {};
     char address[128] = {};  // the first endpoint's printable name, for errors
+    char lifeline[64] = {};  // IP:PORT of its lifeline listener, "" for none
   };
   Record mine;
   mine.pid = ::getpid();
@@ -265,6 +301,7 @@ daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const dae
   std::strncpy(mine.host, l.hostname.c_str(), sizeof mine.host - 1);
   if (const auto infos = s.transport->endpoint_info(); !infos.empty())
     std::strncpy(mine.address, infos.front().address.c_str(), sizeof mine.address - 1);
+  if (s.lifelines) std::strncpy(mine.lifeline, s.lifelines->address().c_str(), sizeof mine.lifeline - 1);
   std::vector<Record> records(static_cast<std::size_t>(l.num_nodes));
   MPI_Allgather(&mine, sizeof(Record), MPI_BYTE, records.data(), sizeof(Record), MPI_BYTE, MPI_COMM_WORLD);
   std::vector<int> counts, displacements;
@@ -288,6 +325,12 @@ daemon::InternodeSetup internode_bootstrap(const daemon::JobLayout& l, const dae
     const Record& r = records[static_cast<std::size_t>(n)];
     s.topology.nodes.push_back({r.pid, std::string(r.host, ::strnlen(r.host, sizeof r.host)),
                                 std::string(r.address, ::strnlen(r.address, sizeof r.address))});
+  }
+  if (s.lifelines) {
+    std::vector<std::string> lifelines;
+    for (const auto& r : records) lifelines.emplace_back(r.lifeline, ::strnlen(r.lifeline, sizeof r.lifeline));
+    for (const auto& why : s.lifelines->connect(lifelines, l.node_id, std::chrono::seconds(2)))
+      spdlog::warn("no lifeline to {}; its death shows by its silence alone", why);
   }
   return s;
 }
@@ -473,6 +516,7 @@ int main(int argc, char** argv) {
       status = attach_mode ? d.serve_attached(std::chrono::seconds(attach_timeout)) : d.run(command);
     }
     spdlog::shutdown();
+    if (mpi) mpi->exit_status = status;
     return status;
   } catch (const std::exception& e) {
     std::cerr << "smddp-daemon: error: " << e.what() << "\n";

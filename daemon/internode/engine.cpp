@@ -32,6 +32,8 @@ constexpr std::uint32_t kFailureMagic = 0x534d4446;  // "SMDF"
 // How long a message that failed on its connection waits for its peer's death to show (the
 // kernel closes a dying process's sockets before its pid reads as gone).
 constexpr auto kFabricErrorSettle = std::chrono::milliseconds(200);
+// How often the lifelines are polled (a syscall each time; check_peers runs every loop turn).
+constexpr auto kLifelinePoll = std::chrono::milliseconds(20);
 
 struct FailureNotice {
   std::uint32_t magic = kFailureMagic;
@@ -409,7 +411,14 @@ void Engine::send_beat(int node, Clock::time_point now) {
   peer.last_sent = now;
   if (my_state_ != PeerState::Alive) peer.goodbye_sent = true;
   transport_->send(peer.transport_index, kControlRail, kBeatTag, beat->get(), sizeof(Beat), beat->region(),
-                   [this, beat, node](transport::Status) { --peers_[static_cast<std::size_t>(node)].beats_in_flight; });
+                   [this, beat, node](transport::Status st) {
+                     auto& p = peers_[static_cast<std::size_t>(node)];
+                     --p.beats_in_flight;
+                     if (!st.ok && p.state == PeerState::Alive && !p.beat_failed_at) {
+                       p.beat_failed_at = Clock::now();
+                       p.beat_error = st.error;
+                     }
+                   });
 }
 
 void Engine::peer_lost(int node, const std::string& why, int exit_code) {
@@ -425,6 +434,11 @@ void Engine::check_peers(Clock::time_point now) {
   if (now - last_peer_check_ > options_.heartbeat_timeout / 2) watching_since_ = now;
   last_peer_check_ = now;
   const auto silent_for = [&](const Peer& p) { return now - std::max(p.last_heard, watching_since_); };
+  if (lifelines_ && now - last_lifeline_poll_ >= kLifelinePoll) {
+    last_lifeline_poll_ = now;
+    for (int n : lifelines_->closed())
+      if (n >= 0 && n < topo_.num_nodes) peers_[static_cast<std::size_t>(n)].lifeline_closed_at = now;
+  }
   const auto& my_host = topo_.nodes[static_cast<std::size_t>(topo_.node_id)].hostname;
   bool drained = false;
   for (int n = 0; n < topo_.num_nodes; ++n) {
@@ -439,6 +453,24 @@ void Engine::check_peers(Clock::time_point now) {
       if (p.state == PeerState::Alive) peer_lost(n, who + " died", 1);
       else p.state = PeerState::Dead;  // it ended or failed and said so first
       continue;
+    }
+    // Its lifeline ended: its process is gone. A goodbye or failure notice it sent before it
+    // went travels on the fabric, which may deliver it a moment later: that is let to come first.
+    if (p.state == PeerState::Alive && p.lifeline_closed_at && now - *p.lifeline_closed_at >= kFabricErrorSettle) {
+      peer_lost(n, who + " died: its process on " + info.hostname + " is gone (its lifeline connection closed)", 1);
+      continue;
+    }
+    // A beat that could not be sent: the connection to it broke, which on another host is how
+    // a killed daemon shows long before its silence would. Its last words, if any, come first.
+    if (p.state == PeerState::Alive && p.beat_failed_at && now - *p.beat_failed_at >= kFabricErrorSettle) {
+      if (p.last_heard > *p.beat_failed_at) {
+        p.beat_failed_at.reset();  // heard from since: it lives, the failure was the message's own
+      } else {
+        peer_lost(n, who + " is gone: the fabric connection to " + info.hostname + " broke (" + p.beat_error +
+                         "; the daemon died, or its host went down)",
+                  1);
+        continue;
+      }
     }
     if (p.state != PeerState::Alive || silent_for(p) <= options_.heartbeat_timeout) continue;
     if (!drained) {

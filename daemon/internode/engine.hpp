@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/internode/lifeline.hpp"
 #include "daemon/internode/node_card.hpp"
 #include "daemon/internode/rail_choice.hpp"
 #include "daemon/internode/staging_pool.hpp"
@@ -124,6 +125,8 @@ class Engine {
   // Checks the peers now rather than at the loop's next turn (a daemon told to stop looks for
   // the cause first).
   void check_peers_now() { check_peers(Clock::now()); }
+  // Watches the other daemons' lifelines from now on (a death on another host shows at once).
+  void watch_lifelines(std::unique_ptr<Lifelines> lifelines) { lifelines_ = std::move(lifelines); }
   // Tells every peer that this node's job failed (they fail theirs with the same text).
   void announce_failure(const std::string& error, int exit_code);
   // Fails every operation in flight (job failure) and returns them.
@@ -170,6 +173,11 @@ class Engine {
     PeerState state = PeerState::Alive;
     Clock::time_point last_heard;
     bool heard_from = false;  // any beat arrived: silence from the start means unreachable
+    // When a beat to it failed (its connection broke) and why; judged by check_peers once a
+    // goodbye or failure notice it sent before has had time to arrive.
+    std::optional<Clock::time_point> beat_failed_at;
+    std::string beat_error;
+    std::optional<Clock::time_point> lifeline_closed_at;  // its lifeline ended (lifeline.hpp)
     Clock::time_point last_sent{};
     int beats_in_flight = 0;
     bool goodbye_sent = false;  // our Done/Failed beat went out
@@ -230,6 +238,8 @@ class Engine {
   // check_peers: when it last ran, and since when it has been watching without a gap.
   Clock::time_point last_peer_check_{};
   Clock::time_point watching_since_{};
+  std::unique_ptr<Lifelines> lifelines_;  // null where the bootstrap made none (tests, launch path 2)
+  Clock::time_point last_lifeline_poll_{};
   PeerState my_state_ = PeerState::Alive;
   std::string my_error_;
   int my_exit_code_ = 0;

@@ -14,6 +14,8 @@
 #include <memory>
 #include <stdexcept>
 
+#include "ipc/unique_fd.hpp"
+
 namespace smddp::daemon::internode {
 namespace {
 
@@ -25,19 +27,6 @@ struct AddrinfoDeleter {
   void operator()(addrinfo* p) const { ::freeaddrinfo(p); }
 };
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 bool starts_with_any(const std::string& name, std::initializer_list<const char*> prefixes) {
   return std::any_of(prefixes.begin(), prefixes.end(), [&](const char* p) { return name.starts_with(p); });
@@ -122,7 +111,7 @@ bool parse_ipv4(const std::string& text, std::uint32_t& ipv4) {
 
 RouteLookup kernel_route_lookup(const std::vector<HostAddress>& mine) {
   return [mine](std::uint32_t ipv4) -> std::string {
-    const Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    const ipc::UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     if (s.get() < 0) return {};
     sockaddr_in to{};
     to.sin_family = AF_INET;
@@ -203,6 +192,12 @@ InterfaceChoice choose_interface_for_rendezvous(const std::string& configured, c
                              ") to the rendezvous host MASTER_ADDR=" + master_addr + " (" + format_ipv4(resolved) +
                              "). Set fabric.interface to the interface that reaches it");
   return {via, "the route to MASTER_ADDR=" + master_addr + " leaves through it"};
+}
+
+std::string address_of(const std::vector<HostAddress>& mine, const std::string& interface) {
+  for (const auto& a : mine)
+    if (a.interface == interface) return format_ipv4(a.ipv4);
+  return {};
 }
 
 std::uint32_t resolve_ipv4(const std::string& host) {

@@ -63,6 +63,9 @@ InterfaceChoice choose_interface_for_rendezvous(const std::string& configured, c
                                                 std::uint32_t resolved, const std::vector<HostAddress>& mine,
                                                 const RouteLookup& route);
 
+// The first IPv4 address of `interface` among `mine`, dotted ("" when it has none).
+std::string address_of(const std::vector<HostAddress>& mine, const std::string& interface);
+
 // MASTER_ADDR (a name or an address) -> IPv4 in host order, 0 when it does not resolve.
 std::uint32_t resolve_ipv4(const std::string& host);
 
