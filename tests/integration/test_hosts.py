@@ -1,0 +1,173 @@
+"""Jobs across hosts, not simulated nodes: each host a set of Linux namespaces (tests/integration/
+hosts.py, scripts/hosts.sh) with its own network, /dev/shm, /tmp and host name. smddprun -H and
+--hostfile start a daemon per host through mpirun's remote-shell agent, the daemons pick the
+interface that reaches the other hosts (fabric.interface = auto) and talk libfabric tcp over the
+hosts' veth addresses. Every collective and dtype, the interface rules, and failures on the
+other host; nothing may be left on any host."""
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from hosts import Bed
+from test_cpu_collectives import assert_all_ranks_passed
+from test_failures import results, wait_for_files
+
+
+@pytest.fixture
+def bed(request):
+    beds = []
+
+    def make(k):
+        b = Bed(k)
+        beds.append(b)
+        return b
+
+    yield make
+    for b in beds:
+        try:
+            left = b.leftovers(wait_s=10.0)
+        finally:
+            b.down()
+        assert not left, "left on the hosts after the job: %s" % left
+
+
+def fabric_interfaces(out):
+    return sorted(set(re.findall(r"info: fabric: interface '([^']+)' \(([^)]*)", out)))
+
+
+@pytest.mark.parametrize("k,nproc,hostfile", [(2, 2, False), (3, 1, True)], ids=["2x2-H", "3x1-hostfile"])
+def test_every_collective_and_dtype_across_hosts(bed, k, nproc, hostfile):
+    b = bed(k)
+    # Sizes 0, 1, 7 and 1 MiB + 3 elements, every dtype and reduce op, and the communicator {0, 2}
+    # whose members live on different hosts.
+    r = b.smddprun(nproc, "collective_check", "--subgroup", hostfile=hostfile)
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, k * nproc)
+    # Every daemon on its own host, each over eth0 (auto), none over loopback.
+    hosts = set(re.findall(r"topology: node \d+ of %d on (\S+)," % k, r.stdout))
+    assert hosts == set(b.names), r.stdout[-4000:]
+    chosen = re.findall(r"info: fabric: interface '([^']+)' \(the route to ", r.stdout)
+    assert chosen == ["eth0"] * k, r.stdout[-4000:]
+    addresses = re.findall(r"fabric endpoint 0: device '[^']*', address (\S+)", r.stdout)
+    assert len(addresses) == k and all("10.77.0." in a for a in addresses), addresses
+
+
+def test_every_collective_at_64_mib_across_hosts(bed):
+    b = bed(2)
+    r = b.smddprun(2, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20, "--dtypes", "float32,bfloat16")
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 4)
+
+
+def test_a_loopback_interface_is_refused_across_hosts(bed):
+    b = bed(2)
+    t0 = time.time()
+    r = b.smddprun(1, "collective_check", "--sizes", "7", extra=("--set", "fabric.interface=lo"), timeout=120)
+    assert r.returncode != 0, r.stdout[-4000:]
+    assert time.time() - t0 < 60
+    for me, other in ((0, 1), (1, 0)):
+        assert ("fabric.interface = lo is a loopback interface, but this job also runs on %s (node %d)"
+                % (b.names[other], other)) in r.stdout, r.stdout[-4000:]
+    assert "rank 0:" not in r.stdout  # no rank ran a collective
+
+
+def test_a_peer_that_cannot_be_reached_is_named_unreachable_at_its_address(bed):
+    b = bed(2)
+    # A second network on each host that leads nowhere; the daemons are told to use it.
+    for i, name in enumerate(b.names, 1):
+        r = b.run_on(name, ["sh", "-c", "ip link add eth1 type veth peer name eth1p && ip addr add 10.88.0.%d/24 dev eth1 "
+                                        "&& ip link set eth1 up && ip link set eth1p up" % i])
+        assert r.returncode == 0, r.stdout
+    # MPI itself kept on eth0: Open MPI's TCP would also try eth1 and wait on it.
+    mpi_on_eth0 = ("--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0")
+    t0 = time.time()
+    r = b.smddprun(1, "collective_check", "--sizes", "7", "--dtypes", "float32",
+                   extra=(*mpi_on_eth0, "--set", "fabric.interface=eth1"), timeout=120)
+    assert r.returncode != 0, r.stdout[-4000:]
+    assert time.time() - t0 < 60
+    for me, other in ((0, 1), (1, 0)):
+        pattern = (r"rank %d FAIL .*cannot reach the smddp daemon \(pid \d+\) on node %d \(host %s, address "
+                   r"fi_sockaddr_in://10\.88\.0\.%d:\d+\): nothing arrived from it in 2000 ms" % (me, other, b.names[other], other + 1))
+        assert re.search(pattern, r.stdout), r.stdout[-4000:]
+    assert "died" not in r.stdout, r.stdout[-4000:]
+
+
+def start_stuck_job(b, victim):
+    """failure_worker --mode stuck over 2 hosts x 2 ranks: rank `victim` sleeps, the others wait
+    in an allreduce. Returns (proc, pids of the ranks by rank)."""
+    proc = b.start_smddprun(2, "failure_worker", "--mode", "stuck", "--victim", victim, "--dir", b.shared)
+    try:
+        wait_for_files([b.shared / f"ready.{r}" for r in range(4)])
+    except AssertionError:
+        finish(b, proc, timeout=0)
+    time.sleep(0.5)  # the others are now inside their allreduce
+    return proc, {r: int((b.shared / f"ready.{r}").read_text()) for r in range(4)}
+
+
+def parent_of(pid):
+    return int(open(f"/proc/{pid}/stat").read().split(")")[1].split()[1])
+
+
+def finish(b, proc, timeout=60):
+    """smddprun's output once it has exited; fails if it has not within `timeout`."""
+    try:
+        proc.wait(timeout=timeout)
+    except Exception:
+        proc.kill()
+        proc.wait()
+        raise AssertionError("smddprun did not end within %d s:\n%s" % (timeout, proc.output.read_text()[-4000:]))
+    return proc.output.read_text()
+
+
+def test_a_rank_killed_on_the_other_host_fails_every_rank(bed):
+    b = bed(2)
+    proc, pids = start_stuck_job(b, victim=2)  # rank 2 runs on the second host
+    killed_at = time.time()
+    os.kill(pids[2], signal.SIGKILL)
+    out = finish(b, proc)
+    assert proc.returncode != 0, out[-4000:]
+    res = results(out)
+    assert sorted(res) == [0, 1, 3], out[-4000:]
+    for rank, (at, msg) in res.items():
+        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
+        assert f"rank 2 (pid {pids[2]})" in msg and "SIGKILL" in msg, msg
+
+
+def test_a_daemon_killed_on_the_other_host_fails_every_rank(bed):
+    b = bed(2)
+    proc, pids = start_stuck_job(b, victim=3)
+    daemon = parent_of(pids[3])  # the second host's daemon spawned rank 3
+    killed_at = time.time()
+    os.kill(daemon, signal.SIGKILL)
+    out = finish(b, proc)
+    assert proc.returncode != 0, out[-4000:]
+    res = results(out)
+    # Rank 2 shares the dead daemon's host; ranks 0 and 1 hear it from theirs.
+    assert sorted(res) == [0, 1, 2], out[-4000:]
+    for rank, (at, msg) in res.items():
+        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
+        assert f"(pid {daemon}) on node 1" in msg, msg
+
+
+def test_a_host_cut_off_fails_every_rank_and_the_job_ends(bed):
+    b = bed(2)
+    proc, pids = start_stuck_job(b, victim=3)  # rank 3 sleeps; the others wait in an allreduce
+    cut_at = time.time()
+    assert os.system("ip -n smddp-sw link set h2 down") == 0  # the second host's link to the bridge
+    out = finish(b, proc, timeout=120)
+    assert proc.returncode != 0, out[-4000:]
+    # What the cut-off host's ranks said cannot reach this side; this side's must say it all.
+    res = results(out)
+    assert sorted(res) == [0, 1], out[-4000:]
+    for rank, (at, msg) in res.items():
+        assert at - cut_at < 5.0, (rank, at - cut_at, msg)
+        assert "on node 1 stopped answering: no heartbeat from %s" % b.names[1] in msg, msg
+    assert "mpirun has not ended 20 s after this machine's smddp daemon exited" in out, out[-4000:]
+    # The cut-off host's daemon failed its job on its own (node 0 fell silent) and ended its ranks;
+    # mpirun's orted there goes once the host is back and finds mpirun gone.
+    assert os.system("ip -n smddp-sw link set h2 up") == 0
+    left = b.leftovers(wait_s=90)
+    assert not left, "left on the hosts 90 s after the cut-off host came back: %s" % left
