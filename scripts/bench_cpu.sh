@@ -9,9 +9,12 @@
 #   scripts/bench_cpu.sh                          # 2 ranks, allreduce+allgather, 8 B..64 MiB
 #   scripts/bench_cpu.sh --ops allreduce --min 1K --max 16M --factor 4 --ranks 2
 #   scripts/bench_cpu.sh --nodes 2 --ranks 2      # across 2 simulated nodes (bench_multinode.sh)
+#   scripts/bench_cpu.sh --hosts 2 --ranks 2      # across 2 namespace hosts (root; scripts/hosts.sh)
 # With --nodes K the ranks are split over K simulated nodes: smddp through smddprun
 # --simulate-nodes K (daemons talk over libfabric), Open MPI with TCP only (--mca btl tcp,self),
-# gloo over TCP as always.
+# gloo over TCP as always. With --hosts K they are split over K hosts made of Linux namespaces
+# (scripts/hosts.sh, torn down afterwards), joined by veth pairs: every tool starts on the first
+# host and reaches the others through mpirun's remote-shell agent, over each host's eth0.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -29,6 +32,7 @@ dtype=float32
 tools="smddp,mpi,gloo"
 smddprun_args=""
 nodes=1
+hosts=0
 md=""
 gloo_python=/usr/bin/python3
 
@@ -44,6 +48,7 @@ usage: $0 [options]
   --tools LIST         which of smddp,mpi,gloo to run ($tools)
   --smddprun-args STR  extra smddprun options (e.g. "--config configs/local.ini")
   --nodes K            split the ranks over K simulated nodes (see above) ($nodes)
+  --hosts K            split the ranks over K namespace hosts (see above; needs root)
   --md FILE            the markdown report's name in RESULTS (bench_cpu.md)
 Binaries can also be named by SMDDPRUN, SMDDP_BENCH and MPI_BENCH.
 EOF
@@ -65,6 +70,7 @@ while (($#)); do
     --tools) tools="$2"; shift 2 ;;
     --smddprun-args) smddprun_args="$2"; shift 2 ;;
     --nodes) nodes="$2"; shift 2 ;;
+    --hosts) hosts="$2"; shift 2 ;;
     --md) md="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench_cpu.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -85,6 +91,23 @@ if [ "$nodes" -gt 1 ]; then
   # Between nodes Open MPI would use TCP: keep it off shared memory.
   mpirun_args=(-np "$ranks" --mca btl tcp,self --mca btl_tcp_if_include lo --bind-to none)
   smddp_layout=(--simulate-nodes "$nodes" --nproc-per-node $((ranks / nodes)))
+fi
+on_host=()  # the prefix that runs a command on the first host (--hosts)
+if [ "$hosts" -gt 0 ]; then
+  if [ "$nodes" -gt 1 ]; then echo "bench_cpu.sh: --hosts and --nodes exclude each other" >&2; exit 2; fi
+  if [ $((ranks % hosts)) -ne 0 ]; then echo "bench_cpu.sh: --ranks $ranks is not a multiple of --hosts $hosts" >&2; exit 2; fi
+  bed="$here/scripts/hosts.sh"
+  "$bed" up "$hosts" >/dev/null || exit 1
+  trap '"$bed" down' EXIT
+  names=$("$bed" list | cut -d' ' -f1 | paste -sd,)
+  per=$((ranks / hosts))
+  on_host=(env -u XDG_RUNTIME_DIR -u SMDDP_SOCKET_DIR OMPI_MCA_plm_rsh_agent="$bed agent" MASTER_ADDR="${names%%,*}"
+           "$bed" exec "${names%%,*}")
+  # shellcheck disable=SC2054  # "tcp,self" is one MCA value
+  mpirun_args=(-np "$ranks" -H "$(echo "$names" | sed "s/\(,\|$\)/:$per\1/g")" --mca btl tcp,self
+               --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 --bind-to none)
+  smddp_layout=(-H "$names" --nproc-per-node "$per")
+  nodes=$hosts
 fi
 md="${md:-bench_cpu.md}"
 [ "$(id -u)" -eq 0 ] && mpirun_args+=(--allow-run-as-root)
@@ -117,7 +140,7 @@ for op in ${ops//,/ }; do
   if have_tool smddp; then
     if [ -x "$smddprun" ] && [ -x "$smddp_bench" ]; then
       # shellcheck disable=SC2086  # smddprun_args is a list of options on purpose
-      run smddp "$op" "$smddprun" "${smddp_layout[@]}" $smddprun_args -- "$smddp_bench" -o "$op" "${bench_args[@]}"
+      run smddp "$op" "${on_host[@]}" "$smddprun" "${smddp_layout[@]}" $smddprun_args -- "$smddp_bench" -o "$op" "${bench_args[@]}"
       spec+="smddp=$results/raw/smddp_$op.txt,"
     else
       echo "bench_cpu.sh: no $smddprun or $smddp_bench: smddp left out (build them first)" >&2
@@ -126,7 +149,7 @@ for op in ${ops//,/ }; do
   fi
   if have_tool mpi; then
     if [ -x "$mpi_bench" ]; then
-      run mpi "$op" mpirun "${mpirun_args[@]}" "$mpi_bench" -o "$op" "${bench_args[@]}"
+      run mpi "$op" "${on_host[@]}" mpirun "${mpirun_args[@]}" "$mpi_bench" -o "$op" "${bench_args[@]}"
       spec+="mpi=$results/raw/mpi_$op.txt,"
     else
       echo "bench_cpu.sh: no $mpi_bench: MPI left out (cmake --build ... --target mpi-bench)" >&2
@@ -134,13 +157,18 @@ for op in ${ops//,/ }; do
     fi
   fi
   if have_tool gloo; then
-    run gloo "$op" "$gloo_python" "$gloo_bench" --nproc "$ranks" -o "$op" "${bench_args[@]}"
+    if [ "$hosts" -gt 0 ]; then
+      run gloo "$op" "${on_host[@]}" mpirun "${mpirun_args[@]}" -x MASTER_ADDR -x MASTER_PORT=29531 -x GLOO_SOCKET_IFNAME=eth0 \
+        "$gloo_python" "$gloo_bench" -o "$op" "${bench_args[@]}"
+    else
+      run gloo "$op" "$gloo_python" "$gloo_bench" --nproc "$ranks" -o "$op" "${bench_args[@]}"
+    fi
     spec+="gloo=$results/raw/gloo_$op.txt,"
   fi
   specs+=("$spec")
 done
 
-note1="$(date -u +%Y-%m-%d) on $(nproc) CPU core(s) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $ranks ranks on $nodes node(s), $dtype, host buffers."
+note1="$(date -u +%Y-%m-%d) on $(nproc) CPU core(s) ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $ranks ranks on $nodes node(s)$([ "$hosts" -gt 0 ] && echo " (namespace hosts over veth)"), $dtype, host buffers."
 note2="Sizes $min..$max x$factor, $warmup warmup + $iters timed iterations per size, check $check. Raw reports in raw/."
 python3 "$compare" --md "$results/$md" --note "$note1" --note "$note2" "${specs[@]}" || status=1
 echo "bench_cpu.sh: markdown in $results/$md" >&2

@@ -50,7 +50,8 @@ class Bed:
         return subprocess.run(self.argv_on(host, argv), env=self.env(env), text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=timeout)
 
-    def smddprun_argv(self, nproc, program, *args, hosts=None, hostfile=False, extra=()):
+    def smddprun_argv(self, nproc, program, *args, hosts=None, hostfile=False, extra=(), command=None):
+        """smddprun -H (or --hostfile) ... -- bin/PROGRAM ARGS, or -- COMMAND when given."""
         hosts = hosts or self.names
         if hostfile:
             path = self.shared / "hostfile"
@@ -58,7 +59,8 @@ class Bed:
             where = ["--hostfile", str(path)]
         else:
             where = ["-H", ",".join(hosts)]
-        return [bin_dir() / "smddprun", *where, "--nproc-per-node", nproc, *extra, "--", bin_dir() / program, *args]
+        command = command or [bin_dir() / program, *args]
+        return [bin_dir() / "smddprun", *where, "--nproc-per-node", nproc, *extra, "--", *command]
 
     def smddprun(self, nproc, program, *args, hosts=None, hostfile=False, extra=(), timeout=600):
         """Runs smddprun on the first host, as a user logged in there would."""

@@ -7,10 +7,12 @@ other host; nothing may be left on any host."""
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
 
+from conftest import REPO, bin_dir
 from hosts import Bed
 from test_cpu_collectives import assert_all_ranks_passed
 from test_failures import results, wait_for_files
@@ -171,3 +173,65 @@ def test_a_host_cut_off_fails_every_rank_and_the_job_ends(bed):
     assert os.system("ip -n smddp-sw link set h2 up") == 0
     left = b.leftovers(wait_s=90)
     assert not left, "left on the hosts 90 s after the cut-off host came back: %s" % left
+
+
+WORKERS = REPO / "tests" / "python" / "workers"
+
+
+def python_env(b):
+    """What the plugin's Python workers need on every host: the package, their helpers, and a
+    records folder every host sees (workers/common.py emit())."""
+    records = b.shared / "records"
+    records.mkdir(exist_ok=True)
+    return records, {"PYTHONPATH": "%s:%s" % (bin_dir().parent / "python", WORKERS), "PYTHONDONTWRITEBYTECODE": "1",
+                     "OMP_NUM_THREADS": "1", "SMDDP_TEST_RECORDS": str(records)}
+
+
+def ddp_checks(records, world):
+    """rank -> (checks made, failed, names), from the workers' record files."""
+    text = "".join(p.read_text() for p in sorted(records.glob("records.*")))
+    done = {int(r): (int(c), int(f)) for r, c, f in re.findall(r"^SMDDP-DONE rank (\d+) checks (\d+) failed (\d+)$",
+                                                                 text, re.M)}
+    names = {}
+    for r, name, status in re.findall(r"^SMDDP-CHECK (\d+) (\S+) (\S+)", text, re.M):
+        names.setdefault(int(r), {})[name] = status
+    assert sorted(done) == list(range(world)), "SMDDP-DONE from ranks %s:\n%s" % (sorted(done), text[-3000:])
+    return done, names
+
+
+def assert_ddp_passed(out, records, world):
+    done, names = ddp_checks(records, world)
+    for r, (made, failed) in done.items():
+        assert failed == 0 and made >= 8, "rank %d: %d checks, %d failed: %s\n%s" % (
+            r, made, failed, {n: s for n, s in names[r].items() if s != "OK"}, out[-3000:])
+    for case in ("plain", "no_sync", "find_unused_parameters", "gradient_as_bucket_view", "fp16_compress_hook"):
+        assert names[0].get("ddp." + case) == "OK", (case, names[0])
+
+
+def test_ddp_matches_gloo_and_the_reference_across_hosts(bed):
+    # tests/python/workers/ddp_worker.py: 20 steps of DDP on smddp against DDP on gloo (also across
+    # the hosts) and a full-batch reference, for several DDP options; 2 hosts x 2 ranks.
+    b = bed(2)
+    records, env = python_env(b)
+    argv = b.smddprun_argv(2, None, command=[sys.executable, WORKERS / "ddp_worker.py"])
+    r = b.run_on(b.names[0], argv, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_ddp_passed(r.stdout, records, 4)
+
+
+def test_plain_mpirun_across_hosts_starts_a_daemon_per_host(bed):
+    # Launch path 2: plain mpirun of the training script; each host's local rank 0 starts its
+    # daemon, which picks the interface towards MASTER_ADDR and bootstraps through the Store.
+    b = bed(2)
+    records, env = python_env(b)
+    env.update({"SMDDP_DAEMON": str(bin_dir() / "smddp-daemon"), "MASTER_ADDR": b.names[0], "MASTER_PORT": "29517"})
+    argv = ["mpirun", "--allow-run-as-root", "-H", "%s:2,%s:2" % tuple(b.names), "-np", "4", "--bind-to", "none",
+            "--mca", "btl_vader_single_copy_mechanism", "none"]
+    for name in env:
+        argv += ["-x", name]
+    argv += [sys.executable, WORKERS / "ddp_worker.py"]
+    r = b.run_on(b.names[0], argv, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_ddp_passed(r.stdout, records, 4)
+    jobs = set(re.findall(r"^SMDDP-JOB \d+ \S+ \d+ 2$", "".join(p.read_text() for p in records.glob("records.*")), re.M))
+    assert len(jobs) == 4, jobs  # every rank took launch path 2
