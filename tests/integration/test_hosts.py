@@ -57,11 +57,24 @@ def test_every_collective_and_dtype_across_hosts(bed, k, nproc, hostfile):
     assert len(addresses) == k and all("10.77.0." in a for a in addresses), addresses
 
 
-def test_every_collective_at_64_mib_across_hosts(bed):
-    b = bed(2)
-    r = b.smddprun(2, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20, "--dtypes", "float32,bfloat16")
+@pytest.mark.parametrize("k,nproc,hostfile", [(2, 2, False), (3, 1, True)], ids=["2x2-H", "3x1-hostfile"])
+def test_every_collective_at_64_mib_across_hosts(bed, k, nproc, hostfile):
+    # One float and one half type; every dtype in the long run (below).
+    b = bed(k)
+    r = b.smddprun(nproc, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20, "--dtypes", "float32,bfloat16",
+                   hostfile=hostfile)
     assert r.returncode == 0, r.stdout[-4000:]
-    assert_all_ranks_passed(r.stdout, 4)
+    assert_all_ranks_passed(r.stdout, k * nproc)
+
+
+@pytest.mark.skipif(os.environ.get("SMDDP_LONG_TESTS") != "1",
+                    reason="long run (all nine dtypes at 64 MiB across hosts): scripts/test.sh --long")
+@pytest.mark.parametrize("k,nproc", [(2, 2), (3, 1)], ids=["2x2", "3x1"])
+def test_every_collective_64_mib_all_dtypes_across_hosts(bed, k, nproc):
+    b = bed(k)
+    r = b.smddprun(nproc, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20, timeout=1800)
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, k * nproc)
 
 
 def test_a_loopback_interface_is_refused_across_hosts(bed):

@@ -593,3 +593,37 @@ while True:
     assert got.read_text() == str(int(signum))
     assert proc.returncode == 128 + int(signum), err
     assert tools.daemon_record.read_text().splitlines() == ["--cleanup-job", "sig"]
+
+
+def _fake_mpirun_with_daemon(tools, daemon, job_id, mpirun_outlives_s):
+    """A fake mpirun whose child looks like the job's daemon (argv[0] the daemon, --job-id ID),
+    lives 0.3 s, and after which mpirun lingers for mpirun_outlives_s (a host it cannot reach)."""
+    return write_script(tools.dir / "lingering-mpirun", """#!/bin/bash
+(exec -a %s %s -c 'import time; time.sleep(0.3)' --job-id %s)
+sleep %s
+exit 4
+""" % (shlex.quote(daemon), shlex.quote(sys.executable), job_id, mpirun_outlives_s))
+
+
+def _plan(module, daemon, job_id, hosts):
+    return module.Plan(["mpirun"], {}, job_id, daemon, len(hosts) or 1, 1, False, hosts=hosts)
+
+
+def test_across_hosts_a_mpirun_that_outlives_its_daemon_is_killed(module, tools, capsys):
+    mpirun = _fake_mpirun_with_daemon(tools, tools.daemon, "linger", 60)
+    proc = subprocess.Popen([mpirun])
+    t0 = time.monotonic()
+    rc = module.wait_for_mpirun(proc, _plan(module, tools.daemon, "linger", ["h1", "h2"]), grace_s=1.0, poll_s=0.05)
+    assert rc != 0
+    assert time.monotonic() - t0 < 10
+    err = capsys.readouterr().err
+    assert "mpirun has not ended 1 s after this machine's smddp daemon exited" in err, err
+    assert "h1, h2" in err and "linger" in err
+
+
+def test_a_mpirun_that_ends_after_its_daemon_is_waited_for(module, tools, capsys):
+    mpirun = _fake_mpirun_with_daemon(tools, tools.daemon, "ends", 0.5)
+    for hosts in (["h1", "h2"], []):  # across hosts, and on one machine (never killed)
+        proc = subprocess.Popen([mpirun])
+        assert module.wait_for_mpirun(proc, _plan(module, tools.daemon, "ends", hosts), grace_s=5.0, poll_s=0.05) == 4
+    assert "mpirun has not ended" not in capsys.readouterr().err
