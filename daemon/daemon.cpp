@@ -812,6 +812,22 @@ void Daemon::housekeeping(Clock::time_point now) {
   resolve(matcher_.expire(now, config_.stall_warning, new_stalls));
   if (engine_)
     for (auto& s : engine_->stalls(now, config_.stall_warning, true)) new_stalls.push_back(std::move(s));
+  if (engine_) {
+    // This node's late ranks, for the other nodes' timeouts to name (Engine::set_stall_note).
+    std::string note;
+    double longest = 0;
+    for (const auto& st : matcher_.stalls(now, config_.stall_warning)) {
+      std::string late;
+      for (int g : st.missing_global_ranks)
+        if (g / layout_.nproc_per_node == layout_.node_id) late += (late.empty() ? "" : " ") + std::to_string(g);
+      if (late.empty() || st.waiting_s < longest) continue;
+      longest = st.waiting_s;
+      note = "rank(s) " + late + " late: " + std::string(ipc::to_string(st.op)) + " on communicator " + std::to_string(st.comm_id) +
+             " (operation #" + std::to_string(st.seq) + ") has waited " + std::to_string(static_cast<int>(st.waiting_s)) +
+             " s for them";
+    }
+    engine_->set_stall_note(std::move(note));
+  }
   for (const auto& s : new_stalls) {
     std::string missing;
     for (int g : s.missing_global_ranks) missing += (missing.empty() ? "" : ", ") + std::to_string(g);

@@ -43,7 +43,7 @@ struct FailureNotice {
   char error[960] = {};
 };
 
-// A heartbeat: the sender's state and, once its job failed, why.
+// A heartbeat: the sender's state and, once its job failed, why; while it lives, its stall note.
 struct Beat {
   std::uint32_t magic = kBeatMagic;
   std::uint32_t state = 0;
@@ -278,6 +278,8 @@ void Engine::post_beat_recv(int node) {
                      p.heard_from = true;
                      if (m.magic == kBeatMagic) {
                        const auto s = static_cast<PeerState>(m.state);
+                       m.error[sizeof m.error - 1] = '\0';
+                       if (s == PeerState::Alive) p.stall_note = m.error;
                        if (s == PeerState::Failed && p.state == PeerState::Alive) {
                          m.error[sizeof m.error - 1] = '\0';
                          p.state = PeerState::Failed;
@@ -406,7 +408,7 @@ void Engine::send_beat(int node, Clock::time_point now) {
   m.state = static_cast<std::uint32_t>(my_state_);
   m.exit_code = my_exit_code_;
   m.pid = topo_.nodes[static_cast<std::size_t>(topo_.node_id)].pid;
-  std::strncpy(m.error, my_error_.c_str(), sizeof m.error - 1);
+  std::strncpy(m.error, (my_state_ == PeerState::Alive ? my_stall_note_ : my_error_).c_str(), sizeof m.error - 1);
   ++peer.beats_in_flight;
   peer.last_sent = now;
   if (my_state_ != PeerState::Alive) peer.goodbye_sent = true;
@@ -731,6 +733,13 @@ bool Engine::advance(Op& op, Clock::time_point now) {
         s << "rank(s)";
         for (int g : missing) s << " " << g;
         s << " on other node(s) never posted it (or not all of their node's ranks did)";
+        // What those nodes said of their late ranks: the rank the missing ones wait for.
+        std::set<int> told;
+        for (int g : missing) {
+          const int n = topo_.node_of(g);
+          const auto& note = peers_[static_cast<std::size_t>(n)].stall_note;
+          if (!note.empty() && told.insert(n).second) s << "; node " << n << " says: " << note;
+        }
       }
       op.status = Status::Timeout;
       op.error = s.str();
@@ -886,7 +895,8 @@ std::vector<Finished> Engine::progress(Clock::time_point now) {
 std::vector<Finished> Engine::fail_all(Status status, const std::string& error) {
   std::vector<Finished> out;
   for (auto& op : ops_) {
-    if (op->error.empty()) {
+    // A broken socket is the symptom; the job's failure names the cause (the dead daemon).
+    if (op->error.empty() || op->failed_by_fabric()) {
       op->status = status;
       op->error = error;
     }

@@ -125,6 +125,9 @@ class Engine {
   // Checks the peers now rather than at the loop's next turn (a daemon told to stop looks for
   // the cause first).
   void check_peers_now() { check_peers(Clock::now()); }
+  // What this node's beats say while its job lives: its own ranks that others wait for (the
+  // daemon's stall warning), so that a timeout on another node can name the rank behind it.
+  void set_stall_note(std::string note) { my_stall_note_ = std::move(note); }
   // Watches the other daemons' lifelines from now on (a death on another host shows at once).
   void watch_lifelines(std::unique_ptr<Lifelines> lifelines) { lifelines_ = std::move(lifelines); }
   // Tells every peer that this node's job failed (they fail theirs with the same text).
@@ -178,6 +181,7 @@ class Engine {
     std::optional<Clock::time_point> beat_failed_at;
     std::string beat_error;
     std::optional<Clock::time_point> lifeline_closed_at;  // its lifeline ended (lifeline.hpp)
+    std::string stall_note;  // its latest set_stall_note, from its beats
     Clock::time_point last_sent{};
     int beats_in_flight = 0;
     bool goodbye_sent = false;  // our Done/Failed beat went out
@@ -242,6 +246,7 @@ class Engine {
   Clock::time_point last_lifeline_poll_{};
   PeerState my_state_ = PeerState::Alive;
   std::string my_error_;
+  std::string my_stall_note_;
   int my_exit_code_ = 0;
   // Operations recently started and recently failed (announced or told), oldest dropped first:
   // a failure notice concerns an operation of the last few thousand.

@@ -368,6 +368,27 @@ TEST_P(EngineTest, AnOperationOtherNodesNeverPostStallsThenTimesOutNamingTheirRa
       << done[0].match.error;
 }
 
+// The other node's daemon says which of its ranks are late (its stall warning, in its beats):
+// the timeout names the rank behind the ranks that never posted.
+TEST_P(EngineTest, ATimeoutRepeatsWhatTheOtherNodeSaysOfItsLateRanks) {
+  nodes[1]->engine->set_stall_note("rank(s) 3 late: allreduce on communicator 7 (operation #5) has waited 3 s for them");
+  auto d = desc(OpType::AllReduce, 8);
+  d.timeout_ms = 600;
+  nodes[0]->engine->start(nodes[0]->match(d, 0, 64, 64), Clock::now());
+  std::vector<Finished> done;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (done.empty() && Clock::now() < until) {
+    done = nodes[0]->engine->progress(Clock::now());
+    nodes[1]->engine->progress(Clock::now());  // beats every 200 ms carry the note
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].match.status, ipc::Status::Timeout);
+  EXPECT_NE(done[0].match.error.find("rank(s) 2 3 on other node(s) never posted it (or not all of their node's ranks "
+                                     "did); node 1 says: rank(s) 3 late: allreduce on communicator 7 (operation #5)"),
+            std::string::npos)
+      << done[0].match.error;
+}
+
 // An operation that failed on node 0 before node 0 started it (a refused request, a local
 // timeout): node 1's part of it ends at once with node 0's text, instead of at the timeout;
 // its later chunks fail as they start, and the next operation runs.
