@@ -7,6 +7,7 @@ other host; nothing may be left on any host."""
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -248,3 +249,70 @@ def test_plain_mpirun_across_hosts_starts_a_daemon_per_host(bed):
     assert_ddp_passed(r.stdout, records, 4)
     jobs = set(re.findall(r"^SMDDP-JOB \d+ \S+ \d+ 2$", "".join(p.read_text() for p in records.glob("records.*")), re.M))
     assert len(jobs) == 4, jobs  # every rank took launch path 2
+
+
+def start_on_hosts(b, per_host, env):
+    """Starts per_host(host index, host name) -> [(argv, extra env)] on every host at once;
+    returns the processes, each with its output in a file (proc.output)."""
+    procs = []
+    for h, name in enumerate(b.names):
+        for i, (argv, extra) in enumerate(per_host(h, name)):
+            output = b.shared / ("out.%s.%d" % (name, i))
+            with open(output, "w") as out:
+                proc = subprocess.Popen(b.argv_on(name, argv), env=b.env({**env, **extra}), text=True,
+                                        stdout=out, stderr=subprocess.STDOUT)
+            proc.output = output
+            procs.append(proc)
+    return procs
+
+
+def wait_all(b, procs, timeout=600):
+    outs = [finish(b, p, timeout=timeout) for p in procs]
+    return [p.returncode for p in procs], "\n".join(outs)
+
+
+def test_each_host_launching_its_own_ranks_with_a_shared_rendezvous(bed):
+    # What torchrun does on each host (--nnodes 2 --node_rank N --nproc_per_node 2 with a shared
+    # rendezvous), done by the test: every worker gets RANK, WORLD_SIZE, LOCAL_RANK,
+    # LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; each host's local rank 0 starts its daemon.
+    b = bed(2)
+    records, env = python_env(b)
+    env.update({"SMDDP_DAEMON": str(bin_dir() / "smddp-daemon"), "MASTER_ADDR": b.names[0], "MASTER_PORT": "29518",
+                "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
+
+    def workers(h, name):
+        return [([sys.executable, WORKERS / "ddp_worker.py"], {"RANK": str(2 * h + l), "LOCAL_RANK": str(l)})
+                for l in range(2)]
+
+    codes, out = wait_all(b, start_on_hosts(b, workers, env))
+    assert codes == [0, 0, 0, 0], out[-4000:]
+    assert_ddp_passed(out, records, 4)
+
+
+def torchrun_broken():
+    """None when torchrun can start a worker with this interpreter, else why not (Debian's torch
+    1.13 torchrun dies under Python 3.11 before it starts any worker)."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_addr",
+                           "127.0.0.1", "--master_port", "29519", "--no_python", "echo", "SMDDP-TORCHRUN-OK"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    if proc.returncode == 0 and "SMDDP-TORCHRUN-OK" in proc.stdout:
+        return None
+    return "torchrun cannot start a worker with %s: %s" % (sys.executable, (proc.stdout.strip().splitlines() or ["?"])[-1])
+
+
+def test_torchrun_on_each_host_with_a_shared_rendezvous(bed):
+    why = torchrun_broken()
+    if why:
+        pytest.skip(why)
+    b = bed(2)
+    records, env = python_env(b)
+    env["SMDDP_DAEMON"] = str(bin_dir() / "smddp-daemon")
+
+    def torchrun(h, name):
+        return [([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(h),
+                  "--nproc_per_node", "2", "--master_addr", b.names[0], "--master_port", "29520",
+                  WORKERS / "ddp_worker.py"], {})]
+
+    codes, out = wait_all(b, start_on_hosts(b, torchrun, env))
+    assert codes == [0, 0], out[-4000:]
+    assert_ddp_passed(out, records, 4)
