@@ -138,18 +138,22 @@ def finish(b, proc, timeout=60):
     return proc.output.read_text()
 
 
+def assert_survivors_named(out, proc, killed_at, survivors, *needles):
+    """The job failed, and each survivor's RESULT came within 5 s and holds every needle."""
+    assert proc.returncode != 0, out[-4000:]
+    res = results(out)
+    assert sorted(res) == survivors, out[-4000:]
+    for rank, (at, msg) in res.items():
+        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
+        assert all(n in msg for n in needles), (needles, msg)
+
+
 def test_a_rank_killed_on_the_other_host_fails_every_rank(bed):
     b = bed(2)
     proc, pids = start_stuck_job(b, victim=2)  # rank 2 runs on the second host
     killed_at = time.time()
     os.kill(pids[2], signal.SIGKILL)
-    out = finish(b, proc)
-    assert proc.returncode != 0, out[-4000:]
-    res = results(out)
-    assert sorted(res) == [0, 1, 3], out[-4000:]
-    for rank, (at, msg) in res.items():
-        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
-        assert f"rank 2 (pid {pids[2]})" in msg and "SIGKILL" in msg, msg
+    assert_survivors_named(finish(b, proc), proc, killed_at, [0, 1, 3], f"rank 2 (pid {pids[2]})", "SIGKILL")
 
 
 def test_a_daemon_killed_on_the_other_host_fails_every_rank(bed):
@@ -158,14 +162,8 @@ def test_a_daemon_killed_on_the_other_host_fails_every_rank(bed):
     daemon = parent_of(pids[3])  # the second host's daemon spawned rank 3
     killed_at = time.time()
     os.kill(daemon, signal.SIGKILL)
-    out = finish(b, proc)
-    assert proc.returncode != 0, out[-4000:]
-    res = results(out)
     # Rank 2 shares the dead daemon's host; ranks 0 and 1 hear it from theirs.
-    assert sorted(res) == [0, 1, 2], out[-4000:]
-    for rank, (at, msg) in res.items():
-        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
-        assert f"(pid {daemon}) on node 1" in msg, msg
+    assert_survivors_named(finish(b, proc), proc, killed_at, [0, 1, 2], f"(pid {daemon}) on node 1")
 
 
 def test_a_host_cut_off_fails_every_rank_and_the_job_ends(bed):

@@ -175,6 +175,18 @@ void exchange_beats(std::vector<std::unique_ptr<Node>>& nodes, std::chrono::mill
     for (auto& n : nodes) EXPECT_TRUE(n->engine->progress(Clock::now()).empty());
 }
 
+// Starts a small all-reduce on node 1 alone and drives node 1 only, up to 10 s; what ended.
+std::vector<Finished> lone_allreduce_on_node_1(std::vector<std::unique_ptr<Node>>& nodes) {
+  auto d = desc(OpType::AllReduce, 64);
+  d.timeout_ms = 60000;
+  nodes[1]->engine->start(nodes[1]->match(d, 1, 256, 256), Clock::now());
+  const auto start = Clock::now();
+  std::vector<Finished> done;
+  while (done.empty() && Clock::now() - start < std::chrono::seconds(10))
+    for (auto& f : nodes[1]->engine->progress(Clock::now())) done.push_back(std::move(f));
+  return done;
+}
+
 // A peer that falls silent is declared dead: what waits on it fails at once, on every endpoint
 // (here: operation chunks striped over all three), not at the operations' timeout.
 TEST_P(EngineRails, ADeadPeerFailsWhatWaitsOnEveryEndpoint) {
@@ -213,13 +225,8 @@ TEST_P(EngineRails, ASilentPeerOnTheSameHostIsDeclaredGone) {
   const Engine::Options o = quick_heartbeats();
   start_engines(nodes, {}, o, /*hosts_differ=*/false);
   exchange_beats(nodes, std::chrono::milliseconds(200));
-  auto d = desc(OpType::AllReduce, 64);
-  d.timeout_ms = 60000;
-  nodes[1]->engine->start(nodes[1]->match(d, 1, 256, 256), Clock::now());  // node 0 never runs again
   const auto start = Clock::now();
-  std::vector<Finished> done;
-  while (done.empty() && Clock::now() - start < std::chrono::seconds(10))
-    for (auto& f : nodes[1]->engine->progress(Clock::now())) done.push_back(std::move(f));
+  const auto done = lone_allreduce_on_node_1(nodes);  // node 0 never runs again
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].match.status, ipc::Status::PeerFailed);
   EXPECT_NE(done[0].match.error.find("on node 0 stopped answering: no heartbeat from test-host for 400 ms"),
@@ -233,13 +240,8 @@ TEST_P(EngineRails, ASilentPeerOnTheSameHostIsDeclaredGone) {
 TEST_P(EngineRails, APeerNeverHeardFromIsNamedUnreachable) {
   make_nodes(1);
   start_engines(nodes, {}, quick_heartbeats(), /*hosts_differ=*/true);
-  auto d = desc(OpType::AllReduce, 64);
-  d.timeout_ms = 60000;
-  nodes[1]->engine->start(nodes[1]->match(d, 1, 256, 256), Clock::now());  // node 0 never runs
   const auto start = Clock::now();
-  std::vector<Finished> done;
-  while (done.empty() && Clock::now() - start < std::chrono::seconds(10))
-    for (auto& f : nodes[1]->engine->progress(Clock::now())) done.push_back(std::move(f));
+  const auto done = lone_allreduce_on_node_1(nodes);  // node 0 never runs
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].match.status, ipc::Status::PeerFailed);
   const auto& e = done[0].match.error;
