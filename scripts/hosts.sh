@@ -11,11 +11,15 @@
 # mount namespace (private /dev/shm and /tmp, an /etc/hosts naming every host) and its own host
 # name. mpirun reaches them through `--mca plm_rsh_agent "scripts/hosts.sh agent"`, so
 # `smddprun -H smddp-h1,smddp-h2` and --hostfile run unchanged.
+# This checkout, and the folders in SMDDP_HOSTS_SHARE (colon-separated), stay visible on every
+# host even when they lie under /tmp or /dev/shm.
 # SMDDP_HOSTS_PREFIX (default smddp) and SMDDP_HOSTS_NET (default 10.77.0) name another bed.
 set -euo pipefail
 prefix="${SMDDP_HOSTS_PREFIX:-smddp}"
 net="${SMDDP_HOSTS_NET:-10.77.0}"
 state="/run/${prefix}-hosts"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+restore=""
 switch="${prefix}-sw"
 
 die() { echo "hosts.sh: $*" >&2; exit 1; }
@@ -81,10 +85,22 @@ up() {
     ip -n "$name" addr add "$addr/24" dev eth0
     ip -n "$name" link set eth0 up
     # The holder keeps the host's mount and UTS namespaces alive; `exec` enters them by its pid.
-    ip netns exec "$name" unshare --mount --uts --propagation private sh -c "
-      mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp && chmod 1777 /tmp /dev/shm &&
+    # Folders every host must see (this checkout, SMDDP_HOSTS_SHARE) that live under the private
+    # /tmp or /dev/shm are bound back in: parked on a mount point first, then moved into place.
+    local keep="" path i_keep=0
+    for path in "$repo" ${SMDDP_HOSTS_SHARE:+${SMDDP_HOSTS_SHARE//:/ }}; do
+      case "$path" in
+        /tmp/?*|/dev/shm/?*)
+          keep+="mkdir -p '$state/keep.$i.$i_keep' && mount --bind '$path' '$state/keep.$i.$i_keep' && "
+          restore+=" mkdir -p '$path' && mount --move '$state/keep.$i.$i_keep' '$path' &&"
+          i_keep=$((i_keep + 1)) ;;
+      esac
+    done
+    ip netns exec "$name" unshare --mount --uts --propagation private sh -c "$keep
+      mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp && chmod 1777 /tmp /dev/shm &&$restore
       mount --bind '$state/etc-hosts' /etc/hosts && hostname '$name' && exec sleep infinity" \
       </dev/null >/dev/null 2>&1 &
+    restore=""
     echo "$name $addr $!" >> "$state/hosts.new"
   done
   mv "$state/hosts.new" "$state/hosts"
@@ -118,5 +134,5 @@ case "${1:-}" in
   exec) [ $# -ge 3 ] || die "usage: hosts.sh exec HOST CMD [ARG...]"; shift; run_on "$@" ;;
   # Open MPI calls `AGENT HOST orted ...` with the remote command in words meant for a shell.
   agent) [ $# -ge 3 ] || die "usage: hosts.sh agent HOST CMD-LINE"; host="$2"; shift 2; run_on "$host" /bin/sh -c "$*" ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
