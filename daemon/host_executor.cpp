@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "daemon/alltoall_splits.hpp"
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 #include "ipc/types.hpp"
 
 namespace smddp::daemon {
@@ -61,7 +61,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
     std::uint64_t lo = std::min(elems, per * static_cast<std::uint64_t>(t));
     return std::pair{lo, std::min(elems, lo + per)};
   };
-  ReduceParams params;
+  host_kernels::ReduceParams params;
   params.premul_scale = d0.scale;
   params.avg_divisor = static_cast<double>(n);
 
@@ -74,7 +74,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
         std::vector<const void*> inputs(static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r) inputs[static_cast<std::size_t>(r)] = in(ps[static_cast<std::size_t>(r)]) + lo * e;
         std::byte* dst0 = out(ps[0]) + lo * e;
-        host_reduce(d0.dtype, d0.reduce_op, inputs, dst0, hi - lo, params);
+        host_kernels::host_reduce(d0.dtype, d0.reduce_op, inputs, dst0, hi - lo, params);
         for (int r = 1; r < n; ++r) move_bytes(out(ps[static_cast<std::size_t>(r)]) + lo * e, dst0, (hi - lo) * e);
       });
       bytes = cb * static_cast<std::uint64_t>(n);
@@ -89,7 +89,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
         if (lo >= hi) return;
         std::vector<const void*> inputs(static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r) inputs[static_cast<std::size_t>(r)] = in(ps[static_cast<std::size_t>(r)]) + lo * e;
-        host_reduce(d0.dtype, d0.reduce_op, inputs, out(rp) + lo * e, hi - lo, params);
+        host_kernels::host_reduce(d0.dtype, d0.reduce_op, inputs, out(rp) + lo * e, hi - lo, params);
       });
       bytes = cb;
       reduced_.add(d0.op, cb);
@@ -100,7 +100,7 @@ std::optional<std::string> HostExecutor::run(const Match& m, std::uint64_t& byte
         std::vector<const void*> inputs(static_cast<std::size_t>(n));
         for (int q = 0; q < n; ++q)
           inputs[static_cast<std::size_t>(q)] = in(ps[static_cast<std::size_t>(q)]) + static_cast<std::uint64_t>(r) * cb;
-        host_reduce(d0.dtype, d0.reduce_op, inputs, out(ps[static_cast<std::size_t>(r)]), c, params);
+        host_kernels::host_reduce(d0.dtype, d0.reduce_op, inputs, out(ps[static_cast<std::size_t>(r)]), c, params);
       });
       bytes = cb * static_cast<std::uint64_t>(n);
       reduced_.add(d0.op, cb * static_cast<std::uint64_t>(n));

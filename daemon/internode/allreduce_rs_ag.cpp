@@ -2,7 +2,7 @@
 // direct reduce-scatter among the daemons (node i owns shard i of the chunk), then an
 // all-gather of the reduced shards (Reduce: only to the root's node), then write outputs.
 // Every node sends and receives (P-1)/P of the chunk per step, like a ring, in one round.
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 #include "daemon/internode/op.hpp"
 
 namespace smddp::daemon::internode {
@@ -52,7 +52,7 @@ bool allreduce_step(Engine::Ctx& c) {
       std::size_t b = tmp_base;
       for (int j = 0; j < P; ++j) inputs.push_back(j == op.me ? src + my_lo * e : op.buffers[b++].get());
       c.reduce(d.dtype, global_reduce_op(d.reduce_op), inputs, acc + my_lo * e, my_n, 1.0);
-      if (d.reduce_op == ipc::ReduceOp::Avg) host_scale(d.dtype, acc + my_lo * e, my_n, 1.0 / op.size());
+      if (d.reduce_op == ipc::ReduceOp::Avg) host_kernels::host_scale(d.dtype, acc + my_lo * e, my_n, 1.0 / op.size());
       const int root_node = d.op == OpType::Reduce ? c.node_index_of(d.root) : -1;
       for (int j = 0; j < P; ++j) {
         if (j == op.me) continue;

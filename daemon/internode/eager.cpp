@@ -11,7 +11,7 @@
 // nothing.) Results add the same terms in the same order as the two-step algorithms.
 #include <algorithm>
 
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 #include "daemon/internode/op.hpp"
 
 namespace smddp::daemon::internode {
@@ -72,7 +72,7 @@ bool allreduce_eager_step(Engine::Ctx& c) {
   const std::size_t mine = first_staging(op);
   c.reduce(d.dtype, global_reduce_op(d.reduce_op), in_node_order(op, op.buffers[mine].get(), mine + 1, 0), out, count,
            1.0);
-  if (d.reduce_op == ipc::ReduceOp::Avg) host_scale(d.dtype, out, count, 1.0 / op.size());
+  if (d.reduce_op == ipc::ReduceOp::Avg) host_kernels::host_scale(d.dtype, out, count, 1.0 / op.size());
   if (root_node < 0)
     for (int g = first + 1; g < op.size(); ++g)
       if (c.is_local(g)) c.copy(c.out(g), out, bytes);
@@ -119,7 +119,7 @@ bool reduce_scatter_eager_step(Engine::Ctx& c) {
     if (!c.is_local(r)) continue;
     c.reduce(d.dtype, global_reduce_op(d.reduce_op), in_node_order(op, acc + static_cast<std::uint64_t>(r) * cb, received_at, nth * cb),
              c.out(r), count, 1.0);
-    if (d.reduce_op == ipc::ReduceOp::Avg) host_scale(d.dtype, c.out(r), count, 1.0 / n);
+    if (d.reduce_op == ipc::ReduceOp::Avg) host_kernels::host_scale(d.dtype, c.out(r), count, 1.0 / n);
     ++nth;
   }
   return true;

@@ -8,7 +8,7 @@
 #include <thread>
 #include <type_traits>
 
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 #include "daemon/internode/op.hpp"
 #include "ipc/types.hpp"
 
@@ -167,7 +167,7 @@ void Engine::Ctx::fail(Status status, std::string error) {
 
 void Engine::Ctx::reduce(ipc::DType dtype, ipc::ReduceOp op, const std::vector<const void*>& inputs, void* out,
                          std::uint64_t count, double premul_scale) {
-  ReduceParams params;
+  host_kernels::ReduceParams params;
   params.premul_scale = premul_scale;
   const std::size_t e = ipc::dtype_size(dtype);
   e_.host_reduced_.add(op_.match.posted.front().desc.op, count * e);
@@ -181,7 +181,7 @@ void Engine::Ctx::reduce(ipc::DType dtype, ipc::ReduceOp op, const std::vector<c
     if (lo >= hi) return;
     std::vector<const void*> part(inputs.size());
     for (std::size_t k = 0; k < inputs.size(); ++k) part[k] = static_cast<const std::byte*>(inputs[k]) + lo * e;
-    host_reduce(dtype, op, part, static_cast<std::byte*>(out) + lo * e, hi - lo, params);
+    host_kernels::host_reduce(dtype, op, part, static_cast<std::byte*>(out) + lo * e, hi - lo, params);
   });
 }
 

@@ -1,7 +1,7 @@
 // ReduceScatter across nodes: reduce the node's ranks over all blocks, send each block to the
 // node that owns its rank (each daemon owns its ranks' blocks: equal shards, as every node
 // has as many ranks), and reduce the received partial blocks into the owners' outputs.
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 #include "daemon/internode/op.hpp"
 
 namespace smddp::daemon::internode {
@@ -41,7 +41,7 @@ bool reduce_scatter_step(Engine::Ctx& c) {
       inputs.push_back(j == op.me ? static_cast<const void*>(acc + static_cast<std::uint64_t>(r) * count * e)
                                   : op.buffers[b++].get());
     c.reduce(d.dtype, global_reduce_op(d.reduce_op), inputs, c.out(r), count, 1.0);
-    if (d.reduce_op == ipc::ReduceOp::Avg) host_scale(d.dtype, c.out(r), count, 1.0 / n);
+    if (d.reduce_op == ipc::ReduceOp::Avg) host_kernels::host_scale(d.dtype, c.out(r), count, 1.0 / n);
   }
   return true;
 }

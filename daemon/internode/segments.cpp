@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "daemon/executor/half.hpp"
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/half.hpp"
+#include "kernels/host/host_reduce.hpp"
 
 namespace smddp::daemon::internode {
 
@@ -101,15 +101,15 @@ void convert_in_parallel(Engine::Ctx& c, std::uint64_t count, Fn&& fn) {
 void widen(Engine::Ctx& c, DType from, const std::byte* in, std::byte* out, std::uint64_t count) {
   const auto* h = reinterpret_cast<const std::uint16_t*>(in);
   auto* f = reinterpret_cast<float*>(out);
-  if (from == DType::BFloat16) convert_in_parallel(c, count, [&](std::uint64_t i) { f[i] = half_bits::bf16_to_float(h[i]); });
-  else convert_in_parallel(c, count, [&](std::uint64_t i) { f[i] = half_bits::half_to_float(h[i]); });
+  if (from == DType::BFloat16) convert_in_parallel(c, count, [&](std::uint64_t i) { f[i] = host_kernels::half_bits::bf16_to_float(h[i]); });
+  else convert_in_parallel(c, count, [&](std::uint64_t i) { f[i] = host_kernels::half_bits::half_to_float(h[i]); });
 }
 
 void narrow(Engine::Ctx& c, DType to, const std::byte* in, std::byte* out, std::uint64_t count) {
   const auto* f = reinterpret_cast<const float*>(in);
   auto* h = reinterpret_cast<std::uint16_t*>(out);
-  if (to == DType::BFloat16) convert_in_parallel(c, count, [&](std::uint64_t i) { h[i] = half_bits::float_to_bf16(f[i]); });
-  else convert_in_parallel(c, count, [&](std::uint64_t i) { h[i] = half_bits::float_to_half(f[i]); });
+  if (to == DType::BFloat16) convert_in_parallel(c, count, [&](std::uint64_t i) { h[i] = host_kernels::half_bits::float_to_bf16(f[i]); });
+  else convert_in_parallel(c, count, [&](std::uint64_t i) { h[i] = host_kernels::half_bits::float_to_half(f[i]); });
 }
 
 void finish_result(Engine::Ctx& c, const SegmentPlan& plan, DType dtype, ipc::ReduceOp op, Range r) {
@@ -117,10 +117,10 @@ void finish_result(Engine::Ctx& c, const SegmentPlan& plan, DType dtype, ipc::Re
   const double avg = 1.0 / c.op().size();
   if (plan.widened) {
     std::byte* partial = plan.widened + r.lo * sizeof(float);
-    if (op == ipc::ReduceOp::Avg) host_scale(DType::Float32, partial, r.size(), avg);
+    if (op == ipc::ReduceOp::Avg) host_kernels::host_scale(DType::Float32, partial, r.size(), avg);
     narrow(c, dtype, partial, plan.result + r.lo * ipc::dtype_size(dtype), r.size());
   } else if (op == ipc::ReduceOp::Avg) {
-    host_scale(dtype, plan.result + r.lo * ipc::dtype_size(dtype), r.size(), avg);
+    host_kernels::host_scale(dtype, plan.result + r.lo * ipc::dtype_size(dtype), r.size(), avg);
   }
 }
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "client/client.hpp"
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 
 using namespace smddp::client;
 using smddp::ipc::dtype_size;
@@ -67,8 +67,8 @@ void store(void* p, std::uint64_t i, DType t, double v) {
   switch (t) {
     case DType::Float32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
     case DType::Float64: static_cast<double*>(p)[i] = v; break;
-    case DType::Float16: static_cast<std::uint16_t*>(p)[i] = smddp::daemon::float_to_half(static_cast<float>(v)); break;
-    case DType::BFloat16: static_cast<std::uint16_t*>(p)[i] = smddp::daemon::float_to_bf16(static_cast<float>(v)); break;
+    case DType::Float16: static_cast<std::uint16_t*>(p)[i] = smddp::host_kernels::float_to_half(static_cast<float>(v)); break;
+    case DType::BFloat16: static_cast<std::uint16_t*>(p)[i] = smddp::host_kernels::float_to_bf16(static_cast<float>(v)); break;
     case DType::Int8: static_cast<std::int8_t*>(p)[i] = static_cast<std::int8_t>(static_cast<std::int64_t>(v)); break;
     case DType::UInt8: static_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(static_cast<std::int64_t>(v)); break;
     case DType::Int32: static_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(v)); break;
@@ -81,8 +81,8 @@ double load(const void* p, std::uint64_t i, DType t) {
   switch (t) {
     case DType::Float32: return static_cast<const float*>(p)[i];
     case DType::Float64: return static_cast<const double*>(p)[i];
-    case DType::Float16: return smddp::daemon::half_to_float(static_cast<const std::uint16_t*>(p)[i]);
-    case DType::BFloat16: return smddp::daemon::bf16_to_float(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::Float16: return smddp::host_kernels::half_to_float(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::BFloat16: return smddp::host_kernels::bf16_to_float(static_cast<const std::uint16_t*>(p)[i]);
     case DType::Int8: return static_cast<const std::int8_t*>(p)[i];
     case DType::UInt8: return static_cast<const std::uint8_t*>(p)[i];
     case DType::Int32: return static_cast<const std::int32_t*>(p)[i];

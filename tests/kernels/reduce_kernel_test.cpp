@@ -1,6 +1,6 @@
 // The GPU reduction kernel (kernels::launch_reduce) for every dtype x reduce op, against a
 // reference computed here on the host in float64 or exact integer arithmetic, as
-// tests/daemon/executor/host_reduce_test.cpp does for the host kernels: 1 to 8 inputs, counts
+// tests/kernels/host/host_reduce_test.cpp does for the host kernels: 1 to 8 inputs, counts
 // that leave vector tails, inputs off 16-byte alignment, one output and the one-shot form
 // (several outputs, one aliasing an input), bytes past the output left alone. Skips, saying
 // so, without a GPU.
@@ -18,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 #include "kernels/device_kernels.hpp"
 
 namespace smddp::kernels {
@@ -43,8 +43,8 @@ double load_floating(DType t, const unsigned char* p, std::size_t i) {
   switch (t) {
     case DType::Float32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
     case DType::Float64: { double d; std::memcpy(&d, p + 8 * i, 8); return d; }
-    case DType::Float16: { std::uint16_t h; std::memcpy(&h, p + 2 * i, 2); return daemon::half_to_float(h); }
-    case DType::BFloat16: { std::uint16_t h; std::memcpy(&h, p + 2 * i, 2); return daemon::bf16_to_float(h); }
+    case DType::Float16: { std::uint16_t h; std::memcpy(&h, p + 2 * i, 2); return host_kernels::half_to_float(h); }
+    case DType::BFloat16: { std::uint16_t h; std::memcpy(&h, p + 2 * i, 2); return host_kernels::bf16_to_float(h); }
     default: return 0;
   }
 }
@@ -53,8 +53,8 @@ void store_floating(DType t, unsigned char* p, std::size_t i, double v) {
   switch (t) {
     case DType::Float32: { const auto f = static_cast<float>(v); std::memcpy(p + 4 * i, &f, 4); break; }
     case DType::Float64: std::memcpy(p + 8 * i, &v, 8); break;
-    case DType::Float16: { const auto h = daemon::float_to_half(static_cast<float>(v)); std::memcpy(p + 2 * i, &h, 2); break; }
-    case DType::BFloat16: { const auto h = daemon::float_to_bf16(static_cast<float>(v)); std::memcpy(p + 2 * i, &h, 2); break; }
+    case DType::Float16: { const auto h = host_kernels::float_to_half(static_cast<float>(v)); std::memcpy(p + 2 * i, &h, 2); break; }
+    case DType::BFloat16: { const auto h = host_kernels::float_to_bf16(static_cast<float>(v)); std::memcpy(p + 2 * i, &h, 2); break; }
     default: break;
   }
 }
@@ -62,8 +62,8 @@ void store_floating(DType t, unsigned char* p, std::size_t i, double v) {
 double round_to(DType t, double v) {
   switch (t) {
     case DType::Float32: return static_cast<float>(v);
-    case DType::Float16: return daemon::half_to_float(daemon::float_to_half(static_cast<float>(v)));
-    case DType::BFloat16: return daemon::bf16_to_float(daemon::float_to_bf16(static_cast<float>(v)));
+    case DType::Float16: return host_kernels::half_to_float(host_kernels::float_to_half(static_cast<float>(v)));
+    case DType::BFloat16: return host_kernels::bf16_to_float(host_kernels::float_to_bf16(static_cast<float>(v)));
     default: return v;
   }
 }

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 #include "daemon/internode/engine.hpp"
 #include "daemon/internode/op.hpp"
 #include "tests/daemon/internode/loopback_transport.hpp"
@@ -171,7 +171,7 @@ double whole_value(int g, std::uint64_t i) {
 void store(std::byte* p, std::uint64_t i, DType t, double v) {
   switch (t) {
     case DType::Float32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DType::BFloat16: reinterpret_cast<std::uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::BFloat16: reinterpret_cast<std::uint16_t*>(p)[i] = host_kernels::float_to_bf16(static_cast<float>(v)); break;
     case DType::Int64: reinterpret_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v); break;
     default: throw std::logic_error("dtype not used here");
   }
@@ -180,7 +180,7 @@ void store(std::byte* p, std::uint64_t i, DType t, double v) {
 double load(const std::byte* p, std::uint64_t i, DType t) {
   switch (t) {
     case DType::Float32: return reinterpret_cast<const float*>(p)[i];
-    case DType::BFloat16: return bf16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
+    case DType::BFloat16: return host_kernels::bf16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
     case DType::Int64: return static_cast<double>(reinterpret_cast<const std::int64_t*>(p)[i]);
     default: throw std::logic_error("dtype not used here");
   }
@@ -193,7 +193,7 @@ double reference(ReduceOp op, DType t, int n, double scale, const std::function<
   for (int g = 1; g < n; ++g) r = op == ReduceOp::Max ? std::max(r, value(g)) : r + value(g);
   if (op == ReduceOp::PremulSum) r *= scale;
   if (op == ReduceOp::Avg) r = static_cast<double>(static_cast<float>(r) * static_cast<float>(1.0 / n));
-  if (t == DType::BFloat16) r = bf16_to_float(float_to_bf16(static_cast<float>(r)));
+  if (t == DType::BFloat16) r = host_kernels::bf16_to_float(host_kernels::float_to_bf16(static_cast<float>(r)));
   return r;
 }
 
@@ -445,7 +445,7 @@ TEST_P(AlgorithmsTest, FloatSumsAgreeBitForBitOnEveryNode) {
         double exact = 0;
         for (int g = 0; g < n; ++g) {
           const double v = value(g, k);
-          exact += t == DType::BFloat16 ? bf16_to_float(float_to_bf16(static_cast<float>(v))) : static_cast<double>(static_cast<float>(v));
+          exact += t == DType::BFloat16 ? host_kernels::bf16_to_float(host_kernels::float_to_bf16(static_cast<float>(v))) : static_cast<double>(static_cast<float>(v));
         }
         if (r == ReduceOp::Avg) exact /= n;
         worst = std::max(worst, std::abs(got - exact));
@@ -462,7 +462,7 @@ TEST_P(AlgorithmsTest, HalfTypesAddInFloat32AndRoundOnce) {
   const int P = cluster.nodes(), R = cluster.ranks();
   const auto value = [&](int g, std::uint64_t) { return (cluster.node_of(g) == 0 ? 256.0 : 1.0) / R; };
   const double exact = 256.0 + (P - 1);
-  const double want = bf16_to_float(float_to_bf16(static_cast<float>(exact)));
+  const double want = host_kernels::bf16_to_float(host_kernels::float_to_bf16(static_cast<float>(exact)));
   const Call call{OpType::AllReduce, DType::BFloat16, ReduceOp::Sum, 4099};
   Collective run(cluster, call, 1, value);
   run.expect_ok(cluster.drive(run.chunks()));

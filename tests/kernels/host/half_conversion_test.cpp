@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "daemon/executor/host_reduce.hpp"
-#include "daemon/executor/host_reduce_impl.hpp"
+#include "kernels/host/host_reduce.hpp"
+#include "kernels/host/host_reduce_impl.hpp"
 
-namespace smddp::daemon {
+namespace smddp::host_kernels {
 namespace {
 
 using detail::HostIsa;
@@ -143,4 +143,4 @@ TEST(HalfConversion, KernelConversionsMatchScalar) {
 }
 
 }  // namespace
-}  // namespace smddp::daemon
+}  // namespace smddp::host_kernels

@@ -1,6 +1,6 @@
 // host_reduce against references computed independently in float64 / exact integer arithmetic,
 // on every kernel set this CPU can run (generic, and AVX2+F16C where available).
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 
 #include <gtest/gtest.h>
 
@@ -16,9 +16,9 @@
 #include <tuple>
 #include <vector>
 
-#include "daemon/executor/host_reduce_impl.hpp"
+#include "kernels/host/host_reduce_impl.hpp"
 
-namespace smddp::daemon {
+namespace smddp::host_kernels {
 namespace {
 
 using detail::HostIsa;
@@ -517,4 +517,4 @@ TEST(HostScale, AvgAsSumThenScaleMatchesAvg) {
 }
 
 }  // namespace
-}  // namespace smddp::daemon
+}  // namespace smddp::host_kernels

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 
 namespace {
 
@@ -43,7 +43,7 @@ double best_seconds(std::size_t threads, std::size_t granule, const std::functio
 int main(int argc, char** argv) {
   const std::size_t threads = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1;
   std::printf("host_reduce kernels: %s, %zu thread(s), 16 MiB per buffer\n",
-              smddp::daemon::host_reduce_isa_name(), threads);
+              smddp::host_kernels::host_reduce_isa_name(), threads);
   std::vector<std::vector<unsigned char>> bufs(5, std::vector<unsigned char>(kBytes));
   for (auto& b : bufs)
     for (std::size_t i = 0; i < kBytes; ++i) b[i] = static_cast<unsigned char>((i * 7 + 3) & 0x3f);  // finite values
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
           std::vector<const void*> in;
           for (std::size_t k = 0; k < n; ++k) in.push_back(bufs[k].data() + b);
           void* out = in_place ? bufs[0].data() + b : bufs[4].data() + b;
-          smddp::daemon::host_reduce(t, ReduceOp::Sum, in, out, (e - b) / esize);
+          smddp::host_kernels::host_reduce(t, ReduceOp::Sum, in, out, (e - b) / esize);
         });
         char name[64];
         std::snprintf(name, sizeof name, "%s sum of %zu%s", t == DType::Float32 ? "float32" : "bfloat16", n,

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace smddp::daemon::half_bits {
+namespace smddp::host_kernels::half_bits {
 
 // The conversions are written once as templates over either scalars (U = std::uint32_t,
 // F = float) or GCC vectors of them (the kernels' SIMD code): only arithmetic, comparisons and
@@ -80,4 +80,4 @@ static inline std::uint16_t float_to_bf16(float f) noexcept {
   return static_cast<std::uint16_t>(float_to_bf16_t<std::uint32_t>(f));
 }
 
-}  // namespace smddp::daemon::half_bits
+}  // namespace smddp::host_kernels::half_bits

@@ -8,7 +8,7 @@
 
 #include "ipc/types.hpp"
 
-namespace smddp::daemon {
+namespace smddp::host_kernels {
 
 struct ReduceParams {
   double premul_scale = 1.0;  // PREMUL_SUM: out = sum_k(scale * in_k)
@@ -45,4 +45,4 @@ std::uint16_t float_to_bf16(float f) noexcept;
 // variable SMDDP_HOST_REDUCE_ISA=generic forces the portable kernels.
 const char* host_reduce_isa_name() noexcept;
 
-}  // namespace smddp::daemon
+}  // namespace smddp::host_kernels

@@ -2,12 +2,12 @@
 // host_reduce.cpp selects it at run time when the CPU has both.
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__F16C__)
 #define SMDDP_KERNEL_SET avx2
-#include "daemon/executor/host_reduce_kernels.inc"
+#include "kernels/host/host_reduce_kernels.inc"
 #else
-#include "daemon/executor/host_reduce_impl.hpp"
+#include "kernels/host/host_reduce_impl.hpp"
 
-namespace smddp::daemon::detail::avx2 {
+namespace smddp::host_kernels::detail::avx2 {
 ReduceKernel reduce_kernel(ipc::DType, ipc::ReduceOp) noexcept { return nullptr; }
 ScaleKernel scale_kernel(ipc::DType) noexcept { return nullptr; }
-}  // namespace smddp::daemon::detail::avx2
+}  // namespace smddp::host_kernels::detail::avx2
 #endif

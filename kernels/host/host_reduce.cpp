@@ -1,15 +1,15 @@
 // Validation and run-time choice of the kernel set; the kernels are in host_reduce_kernels.inc.
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
-#include "daemon/executor/half.hpp"
-#include "daemon/executor/host_reduce_impl.hpp"
+#include "kernels/host/half.hpp"
+#include "kernels/host/host_reduce_impl.hpp"
 
-namespace smddp::daemon {
+namespace smddp::host_kernels {
 namespace detail {
 namespace {
 
@@ -96,4 +96,4 @@ std::uint16_t float_to_half(float f) noexcept { return half_bits::float_to_half(
 float bf16_to_float(std::uint16_t h) noexcept { return half_bits::bf16_to_float(h); }
 std::uint16_t float_to_bf16(float f) noexcept { return half_bits::float_to_bf16(f); }
 
-}  // namespace smddp::daemon
+}  // namespace smddp::host_kernels

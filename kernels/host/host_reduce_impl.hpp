@@ -4,9 +4,9 @@
 
 #include <cstddef>
 
-#include "daemon/executor/host_reduce.hpp"
+#include "kernels/host/host_reduce.hpp"
 
-namespace smddp::daemon::detail {
+namespace smddp::host_kernels::detail {
 
 // inputs/n/out/count/params as host_reduce; inputs already validated.
 using ReduceKernel = void (*)(const void* const* inputs, std::size_t n, void* out, std::size_t count,
@@ -33,4 +33,4 @@ void host_reduce_on(HostIsa isa, ipc::DType dtype, ipc::ReduceOp op, std::span<c
                     void* out, std::size_t count, const ReduceParams& params = {});
 void host_scale_on(HostIsa isa, ipc::DType dtype, void* buf, std::size_t count, double factor);
 
-}  // namespace smddp::daemon::detail
+}  // namespace smddp::host_kernels::detail
