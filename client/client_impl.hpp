@@ -52,6 +52,15 @@ struct SeqState {
   std::mutex mu;
   std::uint64_t collectives = 0;
   std::map<int, std::uint64_t> sends, recvs;  // per peer
+  // The host fast path (ipc::kFlagHostFast; host_fast_path.cpp): the communicator's lane (-1:
+  // none), its members' segment slots by group rank, and its fast ops numbered so far (under mu).
+  int fast_lane = -1;
+  std::vector<int> fast_slots;
+  std::uint64_t fast_ops = 0;
+  // Set once a collective of the communicator failed on this rank: its later collectives go
+  // through the daemon. Every member of a failed collective gets the error, so all of them turn
+  // the path off together.
+  std::atomic<bool> fast_off{false};
 };
 
 // How one operation maps user buffers to staged chunks (see plan() in client.cpp).
@@ -81,6 +90,11 @@ struct OpPlan {
   std::shared_ptr<StagingCopier> copier;
   // CallOptions::rail: the caller orders it against other operations on the same memory.
   bool ordered_by_caller = false;
+  // The communicator's numbering (collectives only): a failure turns its host fast path off.
+  std::shared_ptr<SeqState> comm_state;
+  // The host fast path: the lane and this op's fast-op number on it (fast_k 0: not fast).
+  int fast_lane = -1;
+  std::uint64_t fast_k = 0;
 };
 
 class OpState final : public Work, public std::enable_shared_from_this<OpState> {
@@ -122,6 +136,10 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
     bool writes;  // it writes memory this one touches: wait for its end, not only its reads
   };
   std::vector<Dep> deps_;  // what must come first before this op's first chunk is copied in
+  // The host fast path: its input is in its cell (published), the members' cells disagree on
+  // the call (the daemon's answer says how), and its cell's lane mark moved past it.
+  bool fast_published_ = false;
+  bool fast_mismatch_ = false;
   std::uint64_t last_in_ticket_ = 0, last_out_ticket_ = 0;  // its copier's latest fences
 };
 
@@ -159,6 +177,11 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
   std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);
+  // The host fast path (host_fast_path.cpp): runs a small collective of a group within this
+  // node through the members' fast cells; the daemon only hears of it.
+  std::shared_ptr<OpState> submit_fast(OpPlan plan, std::chrono::milliseconds timeout);
+  // Input bytes a fast cell holds (0: no host fast path on this node).
+  std::uint64_t fast_cell_bytes() const { return segment_.header().fast_cell_bytes; }
   // Runs deferred callbacks, then drops the released op references (outside the lock).
   static void run(Deferred& deferred);
   // Drives submissions and completions; returns callbacks to run outside the lock.
@@ -168,6 +191,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // Blocks until `op` is done or `until`; returns whether it is done.
   bool wait_for(OpState& op, std::chrono::steady_clock::time_point until);
   std::mutex& mutex() { return mu_; }
+  void wake_progress() { work_cv_.notify_one(); }
   std::uint64_t chunk_bytes() const { return chunk_bytes_; }
   std::uint64_t arena_bytes() const { return alloc_.capacity(); }
 
@@ -179,6 +203,15 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // Checks the daemon: false (and every op failed) once it is gone or the job failed.
   bool check_liveness_locked(Deferred& callbacks);
   void progress_thread();
+  // The host fast path: publishes, reads and finishes what it can of the fast ops.
+  void advance_fast_locked(Deferred& callbacks);
+  // Fails a fast op (if it has not finished) and marks its lane given up at its number.
+  void fail_fast_locked(OpState& op, Status s, const std::string& why, Deferred& callbacks);
+  // For waiting threads: whether a fast op can move now (takes the lock only if free).
+  bool fast_ready();
+  bool fast_ready_locked() const;
+  // Rings the client bells of the op's other members (they may sleep waiting for this rank).
+  void ring_members(const OpState& op) const;
 
   std::string job_id_;
   int rank_, world_size_, local_rank_, local_world_size_, node_id_, num_nodes_, daemon_pid_;
@@ -197,6 +230,11 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // so they are not queued behind anything, each keeps a small window in flight, and all
   // of them together use at most half the arena (collectives always have room).
   std::vector<std::shared_ptr<OpState>> p2p_;
+  // Host fast-path ops not finished, or finished but not yet passed by their lane's mark
+  // (RankSlot::fast_done), in issue order. fast_published_: the last number published per lane.
+  std::deque<std::shared_ptr<OpState>> fast_;
+  std::array<std::uint64_t, ipc::kFastLanes> fast_published_{};
+  std::atomic<std::size_t> fast_count_{0};  // fast_.size(), for waiting threads' looks
   std::uint64_t p2p_bytes_ = 0;
   std::size_t active_ = 0;                      // ops not finished
   // Ops that read or write user memory, in issue order, until they retired (done, and their

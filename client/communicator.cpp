@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "client/client_impl.hpp"
+#include "client/host_fast.hpp"
 
 namespace smddp::client {
 
@@ -299,8 +300,37 @@ class CommImpl final : public Communicator {
     if (p.base.op == OpType::Send) p.base.seq = ++seq_->sends[p.base.root];
     else if (p.base.op == OpType::Recv) p.base.seq = ++seq_->recvs[p.base.root];
     else p.base.seq = ++seq_->collectives;
+    if (p.base.op != OpType::Send && p.base.op != OpType::Recv && p.base.op != OpType::CommCreate) p.comm_state = seq_;
+    if (takes_fast_path(p)) {
+      p.fast_lane = seq_->fast_lane;
+      p.fast_k = ++seq_->fast_ops;
+      return client_->submit_fast(std::move(p), timeout);
+    }
     return client_->submit(std::move(p), timeout);
   }
+
+  // Whether a call takes the host fast path: decided from the call and the communicator alone,
+  // so that every member decides alike (client/host_fast_path.cpp).
+  bool takes_fast_path(const OpPlan& p) const {
+    if (seq_->fast_lane < 0 || seq_->fast_off.load(std::memory_order_relaxed)) return false;
+    if (p.device || p.copier || p.ordered_by_caller || p.unchunked || (p.base.flags & ipc::kFlagSplits)) return false;
+    const OpType op = p.base.op;
+    const bool reduces = op == OpType::AllReduce || op == OpType::Reduce || op == OpType::ReduceScatter;
+    if (reduces && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
+    const auto bytes = host_fast::largest_input(op, p.base.count, p.base.dtype, size());
+    return bytes && *bytes <= client_->fast_cell_bytes();
+  }
+
+ public:
+  // The host fast path's lane of this communicator, and its members' slots (create_communicator, world).
+  void set_fast_lane(int lane, int first_local_rank) {
+    std::lock_guard lk(seq_->mu);
+    seq_->fast_lane = lane;
+    seq_->fast_slots.clear();
+    for (int g : ranks_) seq_->fast_slots.push_back(g - first_local_rank);
+  }
+
+ private:
 
   std::shared_ptr<ClientImpl> client_;
   std::uint64_t id_;
@@ -318,6 +348,8 @@ CommunicatorPtr ClientImpl::world() {
   std::vector<int> all(static_cast<std::size_t>(world_size_));
   for (int i = 0; i < world_size_; ++i) all[static_cast<std::size_t>(i)] = i;
   auto w = std::make_shared<CommImpl>(shared_from_this(), 0, std::move(all), rank_, world_seq_);
+  // The daemon gives the world lane 0 when the job has a single node.
+  if (fast_cell_bytes() && num_nodes_ == 1 && world_seq_->fast_lane < 0) w->set_fast_lane(0, rank_ - local_rank_);
   world_ = w;
   return w;
 }
@@ -334,7 +366,11 @@ CommunicatorPtr ClientImpl::create_communicator(std::uint64_t comm_id, const std
   const auto t = timeout.count() > 0 ? timeout : kDefaultTimeout;
   auto comm = std::make_shared<CommImpl>(shared_from_this(), comm_id, global_ranks,
                                          static_cast<int>(pos - global_ranks.begin()), std::make_shared<SeqState>());
-  comm->create(comm_id, global_ranks, t)->wait(std::chrono::milliseconds{0});
+  auto created = comm->create(comm_id, global_ranks, t);
+  created->wait(std::chrono::milliseconds{0});
+  // The daemon's answer names the communicator's host fast lane (0: none).
+  if (const auto lane = created->daemon_value(); lane > 0 && lane <= static_cast<std::uint64_t>(ipc::kFastLanes))
+    comm->set_fast_lane(static_cast<int>(lane) - 1, rank_ - local_rank_);
   comm->set_default_timeout(t);
   return comm;
 }

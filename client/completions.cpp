@@ -17,6 +17,9 @@ void ClientImpl::finish_locked(OpState& op, Deferred& callbacks) {
   if (op.done_.load(std::memory_order_relaxed)) return;
   op.done_.store(true, std::memory_order_release);
   --active_;
+  // Every member of a failed collective gets the error: all of them stop taking the host fast
+  // path on this communicator together.
+  if (op.status_ != Status::Ok && op.plan_.comm_state) op.plan_.comm_state->fast_off.store(true, std::memory_order_relaxed);
   for (auto& cb : op.callbacks_) callbacks.callbacks.push_back(std::move(cb));
   op.callbacks_.clear();
   untouch_locked(op, callbacks);
@@ -27,6 +30,7 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
   complete_locked(callbacks);
   reap_draining_locked();
   if (!read_held_.empty()) reap_read_held_locked();
+  advance_fast_locked(callbacks);
   submit_queued_locked(callbacks);
 }
 
@@ -38,6 +42,25 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
       // Answered after we gave up on it (its region stays allocated); the other members still
       // wait for this rank's count to pass it.
       if (c.kind == ipc::CompletionKind::Sources) sources_copied_locked(c, kNoRegion);
+      continue;
+    }
+    if (it->second.op->plan_.fast_k) {
+      // A host fast-path op: the daemon's check, which matters only while the op is not done.
+      auto holder = std::move(it->second.op);
+      inflight_.erase(it);
+      OpState& op = *holder;
+      --op.inflight_;
+      if (!op.done() && c.status != Status::Ok) {
+        fail_fast_locked(op, c.status, std::string(c.error_text()), callbacks);
+      } else if (!op.done() && op.fast_mismatch_) {
+        fail_fast_locked(op, Status::Mismatch,
+                         "smddp " + std::string(ipc::to_string(op.plan_.base.op)) + " on communicator " +
+                             std::to_string(op.plan_.base.comm_id) +
+                             ": the members' host fast-path cells hold different calls (operation #" +
+                             std::to_string(op.plan_.base.seq) + ")",
+                         callbacks);
+      }
+      callbacks.released.push_back(std::move(holder));
       continue;
     }
     if (it->second.op->plan_.rank_exec) {
@@ -63,6 +86,8 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
         }
       }
       sources_copied_locked(c, inf.offset);  // the region is freed once every reader is done
+    } else if (c.status == Status::Ok && op.plan_.base.op == OpType::CommCreate) {
+      op.daemon_value_.store(c.daemon_value, std::memory_order_release);  // the host fast lane + 1
     } else if (c.status == Status::Ok && op.plan_.device) {
       op.daemon_value_.store(c.daemon_value, std::memory_order_release);
       op.daemon_event_.store(c.daemon_event, std::memory_order_release);
@@ -115,7 +140,9 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& st : outbox_) ops.push_back(st.inflight.op);
   for (auto& op : queue_) ops.push_back(op);
   for (auto& op : p2p_) ops.push_back(op);
+  for (auto& op : fast_) ops.push_back(op);
   for (auto& op : ops) {
+    if (op->done()) continue;  // a fast-path op whose answer is still due
     if (op->status_ == Status::Ok) {
       op->status_ = s;
       op->error_ = why;
@@ -126,8 +153,11 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& [id, inf] : inflight_) callbacks.released.push_back(std::move(inf.op));
   for (auto& op : queue_) callbacks.released.push_back(std::move(op));
   for (auto& op : p2p_) callbacks.released.push_back(std::move(op));
+  for (auto& op : fast_) callbacks.released.push_back(std::move(op));
   queue_.clear();
   p2p_.clear();
+  fast_.clear();
+  fast_count_.store(0, std::memory_order_relaxed);
   // Regions stay allocated: a dead daemon will never answer for them. Copies into staged
   // ones may still run: the client waits for them before the arena goes.
   for (auto& st : outbox_) drop_staged_locked(st, callbacks, false);
@@ -190,7 +220,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
   std::uint64_t wakes = 0;  // copier fences seen passed as of the last progress step
   const auto ready = [&] {
     return op.done() || !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
-           copies_in_finished() || held_regions_free();
+           copies_in_finished() || held_regions_free() || fast_ready();
   };
   while (!op.done()) {
     wakes = waker_->count.load(std::memory_order_acquire);
@@ -222,6 +252,8 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
         }
         std::erase_if(queue_, [&](const auto& q) { return q.get() == &op; });
         std::erase_if(p2p_, [&](const auto& q) { return q.get() == &op; });
+        // A fast-path op gives its lane up: the others stop waiting for this rank's cells.
+        if (op.plan_.fast_k) fail_fast_locked(op, op.status_, op.error_, callbacks);
         finish_locked(op, callbacks);
         // Drops its staged chunks (its status is no longer Ok); others may go now.
         if (flush_outbox_locked(callbacks)) segment_.header().daemon_bell.ring();
@@ -277,7 +309,7 @@ void ClientImpl::progress_thread() {
       if (!idle) {
         const auto ready = [&] {
           return !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
-                 (copies_due && copies_in_finished()) || held_regions_free();
+                 (copies_due && copies_in_finished()) || held_regions_free() || fast_ready();
         };
         ipc::spin_then_wait(slot_.client_bell, ready, Clock::now() + kSlice,
                             copies_due ? kSpin : std::chrono::microseconds(0),
@@ -348,6 +380,8 @@ void OpState::on_complete(std::function<void()> cb) {
     std::lock_guard lk(client_->mutex());
     if (!done()) {
       callbacks_.push_back(std::move(cb));
+      // A host fast-path op did not wake the progress thread when it was issued.
+      if (plan_.fast_k) client_->wake_progress();
       return;
     }
   }

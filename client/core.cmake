@@ -5,9 +5,11 @@ add_library(smddp_client
   ${CMAKE_CURRENT_LIST_DIR}/completions.cpp
   ${CMAKE_CURRENT_LIST_DIR}/op_order.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arena_reads.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/host_fast.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/host_fast_path.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arena_allocator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/orphan_watch.cpp)
-target_link_libraries(smddp_client PUBLIC smddp_ipc Threads::Threads)
+target_link_libraries(smddp_client PUBLIC smddp_ipc smddp_host_reduce Threads::Threads)
 
 # How GPU collectives decompose into steps (client/gpu/schedule.hpp): plain C++, so it is part
 # of the core and of the sanitizer builds; the CUDA executor that runs it is in client/gpu.

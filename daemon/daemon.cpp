@@ -61,6 +61,7 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
   s.first_rank = l.node_id * l.nproc_per_node;
   s.arena_bytes = c.arena_bytes;
   s.chunk_bytes = c.chunk_bytes;
+  s.fast_cell_bytes = c.host_fast_bytes;
   return s;
 }
 
@@ -97,6 +98,12 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
                                                   internode->cards, segment_, host_.pool(), o);
     if (internode->lifelines) engine_->watch_lifelines(std::move(internode->lifelines));
     assumed_gpu_ = std::move(internode->gpu_of_slot);
+  }
+  fast_lanes_taken_.assign(static_cast<std::size_t>(layout_.nproc_per_node), 0);
+  if (config_.host_fast_bytes && layout_.num_nodes == 1) {
+    // The world, when it is all on this node, takes lane 0.
+    fast_lane_of_[0] = 0;
+    for (auto& taken : fast_lanes_taken_) taken |= 1u;
   }
   ipc::ensure_socket_dir();
   control_ = std::make_unique<ControlServer>(ipc::socket_path(layout_.job_id, layout_.node_id),
@@ -249,8 +256,8 @@ int Daemon::loop() {
                  t.value("to_host_bytes", std::uint64_t{0}), t.value("to_device_bytes", std::uint64_t{0}),
                  t.value("daemon_reduced_bytes", std::uint64_t{0}), t.value("fabric_sent_bytes", std::uint64_t{0}));
   segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Stopping), std::memory_order_release);
-  spdlog::info("all ranks exited; job exit status {}; {} collectives, {} bytes", exit_code_, collectives_done_,
-               bytes_moved_);
+  spdlog::info("all ranks exited; job exit status {}; {} collectives ({} on the ranks' host fast path), {} bytes",
+               exit_code_, collectives_done_, host_fast_ops_, bytes_moved_);
   return exit_code_;
 }
 
@@ -281,7 +288,8 @@ bool Daemon::poll_rings(Clock::time_point now) {
         fail_job("rank " + std::to_string(slot.rank) + " corrupted its request ring", 1);
         break;
       }
-      did = true;
+      // The ranks' host fast path does not wait for its answer: no reason to spin for more.
+      if (!(d.flags & ipc::kFlagHostFast)) did = true;
       handle_request(s, d, now);
     }
   }
@@ -360,6 +368,10 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
     spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
     return refuse(Status::InvalidRequest, *err);
   }
+  if ((d.flags & ipc::kFlagHostFast) && !fast_lane_of_.contains(d.comm_id))
+    return refuse(Status::InvalidRequest, "smddp: a host fast-path request on communicator " + std::to_string(d.comm_id) +
+                                              ", which has no fast lane (its members are not all on one node, or the "
+                                              "lanes ran out)");
   if (engine_ && (d.op == OpType::Send || d.op == OpType::Recv)) {
     const Communicator* comm = matcher_.find(d.comm_id);
     if (comm->slots[static_cast<std::size_t>(d.root)] < 0) {
@@ -422,6 +434,19 @@ void Daemon::resolve(std::vector<Match> matches) {
       }
       m.status = Status::Mismatch;
       m.error = *err;
+    }
+    const auto host_fast = [](const Posted& p) { return (p.desc.flags & ipc::kFlagHostFast) != 0; };
+    if (m.status == Status::Ok && m.comm && std::any_of(m.posted.begin(), m.posted.end(), host_fast)) {
+      // The ranks' host fast path: they already exchanged the bytes; the match is the check.
+      if (auto err = check_host_fast(m)) {
+        m.status = Status::Mismatch;
+        m.error = *err;
+      } else {
+        ++collectives_done_;
+        ++host_fast_ops_;
+        for (const auto& p : m.posted) complete(p, Status::Ok, {});
+        continue;
+      }
     }
     const auto hierarchical = [](const Posted& p) { return (p.desc.flags & ipc::kFlagHierarchical) != 0; };
     const bool across = m.comm && engine_ && engine_->spans_nodes(*m.comm);
@@ -495,7 +520,12 @@ void Daemon::resolve(std::vector<Match> matches) {
         bw_window_bytes_ += bytes;
       }
     } else if (m.status == Status::Ok && m.comm) {
-      spdlog::info("communicator {} created with {} ranks", m.comm->id, m.comm->size());
+      const int lane = take_fast_lane(*m.comm);
+      spdlog::info("communicator {} created with {} ranks{}", m.comm->id, m.comm->size(),
+                   lane >= 0 ? ", host fast lane " + std::to_string(lane) : std::string());
+      // The members learn their lane from the answer (0: none).
+      for (const auto& p : m.posted) complete(p, Status::Ok, {}, -1, static_cast<std::uint64_t>(lane + 1));
+      continue;
     }
     if (m.status != Status::Ok) {
       if (m.comm && !m.posted.empty() && op != OpType::CommCreate && op != OpType::Send && op != OpType::Recv)
@@ -509,6 +539,46 @@ void Daemon::resolve(std::vector<Match> matches) {
       if (i < events.size() && m.status == Status::Ok) complete(m.posted[i], m.status, m.error, events[i].event, events[i].value);
       else complete(m.posted[i], m.status, m.error);
   }
+}
+
+int Daemon::take_fast_lane(const Communicator& comm) {
+  if (!config_.host_fast_bytes || comm.local_member_count() != comm.size()) return -1;
+  if (auto it = fast_lane_of_.find(comm.id); it != fast_lane_of_.end()) return it->second;
+  std::uint32_t taken = 0;
+  for (int s : comm.slots) taken |= fast_lanes_taken_[static_cast<std::size_t>(s)];
+  for (int lane = 0; lane < ipc::kFastLanes; ++lane) {
+    if (taken & (1u << lane)) continue;
+    for (int s : comm.slots) fast_lanes_taken_[static_cast<std::size_t>(s)] |= 1u << lane;
+    fast_lane_of_[comm.id] = lane;
+    return lane;
+  }
+  return -1;  // its members' lanes are all taken: the daemon path
+}
+
+std::optional<std::string> Daemon::check_host_fast(const Match& m) const {
+  const std::string op(ipc::to_string(m.posted.front().desc.op));
+  if (!std::all_of(m.posted.begin(), m.posted.end(), [](const Posted& p) { return (p.desc.flags & ipc::kFlagHostFast) != 0; })) {
+    std::string who;
+    for (const auto& p : m.posted)
+      who += (who.empty() ? "" : ", ") + std::string("rank ") + std::to_string(segment_.slot(p.slot).rank) +
+             ((p.desc.flags & ipc::kFlagHostFast) ? " fast" : " through the daemon");
+    return "smddp " + op + ": ranks disagree on the host fast path (" + who +
+           "); a rank turns it off for a communicator after a failed fast collective, and every rank must pass "
+           "host tensors of the same size";
+  }
+  if (static_cast<int>(m.posted.size()) != m.comm->size())
+    return "smddp " + op + ": the host fast path is for groups within one node (communicator " +
+           std::to_string(m.comm->id) + ")";
+  const auto& p0 = m.posted.front();
+  if (std::any_of(m.posted.begin(), m.posted.end(), [&](const Posted& p) { return p.desc.wait_value != p0.desc.wait_value; })) {
+    std::string who;
+    for (const auto& p : m.posted)
+      who += (who.empty() ? "" : ", ") + std::string("rank ") + std::to_string(segment_.slot(p.slot).rank) + " #" +
+             std::to_string(p.desc.wait_value);
+    return "smddp " + op + ": ranks numbered this host fast-path collective differently (" + who +
+           "); their fast cells paired different operations";
+  }
+  return std::nullopt;
 }
 
 // --- GPU path ----------------------------------------------------------------------------

@@ -87,6 +87,11 @@ void Daemon::update_status(Clock::time_point now) {
              // Host chunks whose ranks copied their outputs from the members' arenas, and the
              // copies the live ranks were sent but have not made yet (regions still held).
              {"direct_reads", {{"chunks", direct_read_ops_}, {"copies_behind", sources_behind()}}},
+             // Small host collectives the ranks ran among themselves (ipc::kFlagHostFast).
+             {"host_fast_path",
+              {{"cell_bytes", config_.host_fast_bytes},
+               {"operations", host_fast_ops_},
+               {"communicators", fast_lane_of_.size()}}},
              {"internode", internode_status()},
              {"traffic", traffic_status()},
              {"stalls", std::move(stalls)},

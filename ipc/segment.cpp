@@ -26,14 +26,20 @@ constexpr std::uint64_t kPage = 4096;
 constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 struct Layout {
-  std::uint64_t slots_offset, slot_bytes, arenas_offset, total;
+  std::uint64_t slots_offset, slot_bytes, fast_offset, arenas_offset, total;
 };
 
-Layout layout_for(int local_world_size, std::uint64_t arena_bytes) {
+// A slot's fast cells: two per lane, each a FastCell and its input.
+std::uint64_t fast_area_bytes(std::uint64_t cell_bytes) {
+  return cell_bytes ? align_up(2 * kFastLanes * (sizeof(FastCell) + cell_bytes), kPage) : 0;
+}
+
+Layout layout_for(int local_world_size, std::uint64_t arena_bytes, std::uint64_t fast_cell_bytes) {
   Layout l{};
   l.slots_offset = align_up(sizeof(SegmentHeader), kPage);
   l.slot_bytes = align_up(sizeof(RankSlot), kPage);
-  l.arenas_offset = l.slots_offset + l.slot_bytes * static_cast<std::uint64_t>(local_world_size);
+  l.fast_offset = l.slots_offset + l.slot_bytes * static_cast<std::uint64_t>(local_world_size);
+  l.arenas_offset = l.fast_offset + fast_area_bytes(fast_cell_bytes) * static_cast<std::uint64_t>(local_world_size);
   l.total = l.arenas_offset + align_up(arena_bytes, kPage) * static_cast<std::uint64_t>(local_world_size);
   return l;
 }
@@ -120,7 +126,7 @@ bool process_alive(int pid) noexcept {
 }
 
 std::uint64_t segment_bytes_for(const SegmentSpec& spec) {
-  return layout_for(spec.local_world_size, spec.arena_bytes).total;
+  return layout_for(spec.local_world_size, spec.arena_bytes, spec.fast_cell_bytes).total;
 }
 
 Segment::Segment(Segment&& o) noexcept
@@ -155,13 +161,23 @@ std::span<std::byte> Segment::arena(int local_rank) const noexcept {
           static_cast<std::size_t>(header_->arena_bytes)};
 }
 
+FastCell& Segment::fast_cell(int local_rank, int lane, std::uint64_t k) const noexcept {
+  auto* base = reinterpret_cast<std::byte*>(header_);
+  const std::uint64_t cell = sizeof(FastCell) + header_->fast_cell_bytes;
+  const std::uint64_t index = static_cast<std::uint64_t>(lane) * 2 + k % 2;
+  return *reinterpret_cast<FastCell*>(base + header_->fast_offset +
+                                      fast_area_bytes(header_->fast_cell_bytes) * static_cast<std::uint64_t>(local_rank) +
+                                      index * cell);
+}
+
 Segment Segment::create(const SegmentSpec& spec) {
   if (spec.local_world_size < 1 || spec.local_world_size > kMaxLocalRanks)
     throw std::invalid_argument("local world size must be 1.." + std::to_string(kMaxLocalRanks) + ", got " +
                                 std::to_string(spec.local_world_size));
   if (spec.arena_bytes < kPage) throw std::invalid_argument("arena must be at least 4096 bytes");
+  if (spec.fast_cell_bytes % 64 != 0) throw std::invalid_argument("fast cells must hold a multiple of 64 bytes");
   const std::string name = segment_name(spec.job_id, spec.node_id);
-  const Layout l = layout_for(spec.local_world_size, spec.arena_bytes);
+  const Layout l = layout_for(spec.local_world_size, spec.arena_bytes, spec.fast_cell_bytes);
 
   std::unique_ptr<bip::shared_memory_object> shm;
   for (int attempt = 0; attempt < 2 && !shm; ++attempt) {
@@ -209,12 +225,17 @@ Segment Segment::create(const SegmentSpec& spec) {
   h->slots_offset = l.slots_offset;
   h->slot_bytes = l.slot_bytes;
   h->arenas_offset = l.arenas_offset;
+  h->fast_offset = l.fast_offset;
+  h->fast_cell_bytes = spec.fast_cell_bytes;
   std::strncpy(h->job_id, spec.job_id.c_str(), kJobIdBytes - 1);
   seg.header_ = h;
   for (int r = 0; r < spec.local_world_size; ++r) {
     auto* s = new (base + l.slots_offset + l.slot_bytes * static_cast<std::uint64_t>(r)) RankSlot();
     s->local_rank = r;
     s->rank = spec.first_rank + r;
+    if (spec.fast_cell_bytes)
+      for (int lane = 0; lane < kFastLanes; ++lane)
+        for (std::uint64_t k = 0; k < 2; ++k) new (&seg.fast_cell(r, lane, k)) FastCell();
   }
   // Magic last: an attaching rank that sees it sees a fully built header.
   reinterpret_cast<std::atomic<std::uint64_t>*>(&h->magic)->store(kSegmentMagic, std::memory_order_release);
@@ -244,10 +265,11 @@ Segment Segment::attach(const std::string& job_id, int node_id) {
     throw std::runtime_error("smddp layout version mismatch: the daemon's segment has version " +
                              std::to_string(h->layout_version) + ", this client speaks version " +
                              std::to_string(kLayoutVersion) + "; use one smddp installation for both");
-  const Layout l = layout_for(h->local_world_size, h->arena_bytes);
+  const Layout l = layout_for(h->local_world_size, h->arena_bytes, h->fast_cell_bytes);
   if (h->local_world_size < 1 || h->local_world_size > kMaxLocalRanks || h->segment_bytes != l.total ||
       static_cast<std::uint64_t>(size) < l.total || h->slots_offset != l.slots_offset ||
-      h->slot_bytes != l.slot_bytes || h->arenas_offset != l.arenas_offset)
+      h->slot_bytes != l.slot_bytes || h->arenas_offset != l.arenas_offset || h->fast_offset != l.fast_offset ||
+      h->fast_cell_bytes % 64 != 0)
     throw std::runtime_error("segment /dev/shm/" + name + " has an inconsistent layout");
   seg.header_ = h;
   return seg;

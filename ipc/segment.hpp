@@ -1,7 +1,7 @@
 // The node's shared-memory segment: header, one RankSlot per local rank (rings, doorbell,
-// CUDA event table), and one host staging arena per rank.
+// CUDA event table), the ranks' fast cells, and one host staging arena per rank.
 //
-//   [SegmentHeader][RankSlot 0][RankSlot 1]...[arena 0][arena 1]...
+//   [SegmentHeader][RankSlot 0][RankSlot 1]...[fast cells 0][fast cells 1]...[arena 0][arena 1]...
 //
 // The daemon creates it (Segment::create: O_EXCL, mode 0600, stale segments of dead daemons
 // removed first) and unlinks it when the owning object dies; ranks attach (Segment::attach),
@@ -28,9 +28,10 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 7;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+inline constexpr std::uint32_t kLayoutVersion = 8;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
                                                     // 5: released allocations; 6: reads from the members' arenas;
-                                                    // 7: hierarchical GPU operations, staged bytes
+                                                    // 7: hierarchical GPU operations, staged bytes;
+                                                    // 8: the host fast path's cells
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -39,6 +40,38 @@ inline constexpr int kMaxDaemonEvents = 64;
 inline constexpr int kMaxReleased = 256;
 inline constexpr std::size_t kJobIdBytes = 64;
 inline constexpr std::size_t kBusIdBytes = 32;
+
+// The host fast path (kFlagHostFast). A communicator within one node gets a lane from the
+// daemon when it is created (the world's is lane 0, when the job has one node): the same lane
+// index in every member's slot. Each member has two cells per lane; its k-th fast operation on
+// the lane (k from 1) writes its input into cell k % 2 and then publishes k in the cell's tag.
+// The members read each other's cells of that k and compute their outputs themselves; each
+// then publishes k in its RankSlot::fast_done of the lane. A member writes cell k % 2 again
+// (for k + 2) only once every member's fast_done reached k.
+inline constexpr int kFastLanes = 16;
+struct FastCell {
+  std::atomic<std::uint64_t> tag{0};  // the fast-op number whose input and signature are here
+  // The call's signature, which the members compare before they read each other's bytes.
+  std::uint64_t comm_id = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t count = 0;
+  double scale = 1.0;
+  std::int32_t root = 0;
+  OpType op = OpType::Barrier;
+  DType dtype = DType::Float32;
+  ReduceOp reduce_op = ReduceOp::Sum;
+  std::uint8_t reserved0 = 0;
+  std::uint64_t bytes = 0;  // input bytes that follow the cell
+  std::uint64_t reserved1 = 0;
+  // The input follows (SegmentHeader::fast_cell_bytes at most).
+};
+static_assert(sizeof(FastCell) == 64);
+struct alignas(64) FastDone {
+  std::atomic<std::uint64_t> k{0};  // the last fast-op number of the lane this rank finished reading
+  // The first fast-op number of the lane whose operation failed on this rank (0: none). The
+  // others stop waiting for its cells from there on: it may never publish them.
+  std::atomic<std::uint64_t> given_up{0};
+};
 
 enum class DaemonState : std::uint32_t { Starting = 0, Ready = 1, Failed = 2, Stopping = 3 };
 enum class SlotState : std::uint32_t { Empty = 0, Claiming = 1, Registered = 2, Exited = 3, Failed = 4 };
@@ -59,6 +92,8 @@ struct SegmentHeader {
   std::uint64_t slots_offset = 0;
   std::uint64_t slot_bytes = 0;
   std::uint64_t arenas_offset = 0;
+  std::uint64_t fast_offset = 0;      // the fast cells of slot 0 (FastCell)
+  std::uint64_t fast_cell_bytes = 0;  // input bytes a fast cell holds; 0: no host fast path
   char job_id[kJobIdBytes] = {};
   std::atomic<std::uint32_t> state{0};
   std::atomic<std::uint64_t> heartbeat{0};
@@ -123,6 +158,9 @@ struct RankSlot {
   // reader that bumps its sources_done then rings this rank's bell (and only then: a ring
   // would wake a sleeping rank for nothing).
   std::atomic<std::uint32_t> waits_for_readers{0};
+  // The host fast path: per lane, the last fast-op number this rank finished reading (the
+  // others may then write over their cells of it). Written by this rank only.
+  FastDone fast_done[kFastLanes];
 };
 inline constexpr std::size_t kFlagBlockBytes = 4096;  // >= (kMaxEvents + 1) * 8
 static_assert((kMaxEvents + 1) * 8 <= kFlagBlockBytes);
@@ -152,6 +190,7 @@ struct SegmentSpec {
   int first_rank = 0;
   std::uint64_t arena_bytes = 32ull << 20;
   std::uint64_t chunk_bytes = 1ull << 20;
+  std::uint64_t fast_cell_bytes = 32ull << 10;  // 0: no host fast path
 };
 
 std::uint64_t segment_bytes_for(const SegmentSpec& spec);
@@ -186,6 +225,10 @@ class Segment {
   SegmentHeader& header() const noexcept { return *header_; }
   RankSlot& slot(int local_rank) const noexcept;
   std::span<std::byte> arena(int local_rank) const noexcept;
+  // Local rank `local_rank`'s cell for fast-op number k of `lane` (k % 2); its input follows
+  // it (fast_input). Only while header().fast_cell_bytes > 0.
+  FastCell& fast_cell(int local_rank, int lane, std::uint64_t k) const noexcept;
+  static std::byte* fast_input(FastCell& c) noexcept { return reinterpret_cast<std::byte*>(&c + 1); }
   const std::string& name() const noexcept { return name_; }
   bool owner() const noexcept { return owner_; }
   // The owner unlinks the name on destruction unless released (a forked child must not).

@@ -151,6 +151,18 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
     if (r.wait_value == 0) return bad("a fast-path request without its fast-op number");
     return std::nullopt;
   }
+  if (r.flags & kFlagHostFast) {
+    // The ranks moved the bytes through their fast cells: nothing for the daemon to touch.
+    if (r.op == OpType::Send || r.op == OpType::Recv || r.op == OpType::CommCreate)
+      return bad("the host fast path takes collectives only");
+    if (r.input.kind != BufferKind::None || r.output.kind != BufferKind::None || r.aux.kind != BufferKind::None)
+      return bad("a host fast-path request carries no buffers");
+    if (r.flags & ~(kFlagHostFast | kFlagInPlace | kFlagLastChunk | kFlagSdp))
+      return bad("the host fast path takes no other flags");
+    if (r.wait_event != -1) return bad("a host fast-path request carries no CUDA event");
+    if (r.wait_value == 0) return bad("a host fast-path request without its fast-op number");
+    return std::nullopt;
+  }
   const auto want = expected_bytes(r, ctx.group_size, ctx.group_rank);
   if (!want) return bad("buffer size overflows");
   const std::size_t elem = r.op == OpType::CommCreate ? 4 : dtype_size(r.dtype);

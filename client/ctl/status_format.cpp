@@ -283,6 +283,9 @@ std::string format_status_text(const json& status) {
   if (const json* dr = field(status, "direct_reads"); dr && dr->is_object() && number(*dr, "chunks").value_or(0) > 0)
     out << "  direct reads:  " << text(*dr, "chunks") << " host chunks copied by the ranks from the members' arenas, "
         << text(*dr, "copies_behind") << " copies behind\n";
+  if (const json* hf = field(status, "host_fast_path"); hf && hf->is_object() && number(*hf, "operations").value_or(0) > 0)
+    out << "  host fast path: " << text(*hf, "operations") << " small host collectives run by the ranks among themselves ("
+        << text(*hf, "communicators") << " communicators with a lane)\n";
   out << "  bytes moved:   ";
   if (auto b = number(status, "bytes_moved"))
     out << format_bytes(*b);
@@ -412,6 +415,9 @@ std::string format_prometheus(const std::vector<NodeStatus>& nodes) {
   scalar("smddp_direct_read_chunks_total", "counter",
          "Host chunks whose ranks copied their outputs straight from the members' arenas.",
          nested("direct_reads", "chunks"));
+  scalar("smddp_host_fast_operations_total", "counter",
+         "Small host collectives the ranks ran among themselves (the host fast path); the daemon only checked them.",
+         nested("host_fast_path", "operations"));
   scalar("smddp_direct_read_copies_behind", "gauge",
          "Copies from the members' arenas the ranks were sent and have not made yet.",
          nested("direct_reads", "copies_behind"));

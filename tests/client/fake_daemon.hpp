@@ -38,6 +38,7 @@ inline ipc::SegmentSpec small_spec(const std::string& job, int local_world_size 
   s.world_size = world_size;
   s.arena_bytes = 1ull << 20;
   s.chunk_bytes = 64ull << 10;
+  s.fast_cell_bytes = 0;  // the daemon path; host_fast_test.cpp turns the fast path on
   return s;
 }
 
@@ -58,6 +59,7 @@ struct Answer {
   enum Kind { Ok, Hold, Fail } kind = Ok;
   client::Status status = client::Status::Ok;
   std::string text;
+  std::uint64_t daemon_value = 0;  // the completion's (a communicator's host fast lane + 1)
 };
 
 class FakeDaemon {
@@ -193,6 +195,7 @@ class FakeDaemon {
     c.comm_id = d.comm_id;
     c.seq = d.seq;
     c.status = ok ? client::Status::Ok : a.status;
+    c.daemon_value = a.daemon_value;
     if (!ok) c.set_error(a.text);
     push_locked(r, c);
   }

@@ -129,6 +129,7 @@ void run_job(const char* tag, std::optional<std::uint64_t> min_bytes, bool expec
   const auto job = test_daemon::unique_job("t-direct-", tag);
   auto config = test_daemon::small_config();
   config.direct_read_min_bytes = min_bytes;
+  config.host_fast_bytes = 0;  // the 1-element ops too go through the daemon
   test_daemon::DaemonThread daemon(job, kRanks, config);
   auto ranks = attach(job);
   // 1 element; a few chunks; and enough chunks (each round moves some 10 MiB through 1 MiB
@@ -160,6 +161,7 @@ TEST(DaemonDirectRead, AReaderThatLeftHoldsNoRegion) {
   const auto job = test_daemon::unique_job("t-direct-", "left");
   auto config = test_daemon::small_config();
   config.direct_read_min_bytes = 0;
+  config.host_fast_bytes = 0;
   test_daemon::DaemonThread daemon(job, kRanks, config);
   auto ranks = attach(job);
   client::CommunicatorPtr pair[2];

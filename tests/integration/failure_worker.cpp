@@ -1,6 +1,8 @@
 // Rank program for the failure tests (tests/integration/test_failures.py).
 //   --mode mismatch   every rank calls allreduce with count 8 + rank; expects one error naming
 //                     each call, then checks the communicator still works
+//   --mode mismatch-paths  rank 0 calls allreduce with count 8 (the ranks' host fast path), the
+//                     others with count 100000 (through the daemon); otherwise as mismatch
 //   --mode idle       every rank attaches, then sleeps --seconds (default 10) between two barriers
 //                     (scripts/measure_idle.sh measures the daemon's CPU meanwhile)
 //   --mode refused    rank --victim posts an allreduce the daemon refuses (a CUDA request without
@@ -46,9 +48,12 @@ int main(int argc, char** argv) {
   std::vector<float> buf(64, 1.0f);
   world->barrier()->wait();
 
-  if (mode == "mismatch") {
+  if (mode == "mismatch" || mode == "mismatch-paths") {
+    const std::uint64_t count =
+        mode == "mismatch" ? 8 + static_cast<std::uint64_t>(me) : me == 0 ? 8 : 100000;
+    buf.resize(count);
     try {
-      world->allreduce(buf.data(), buf.data(), 8 + static_cast<std::uint64_t>(me), DType::Float32, ReduceOp::Sum)->wait();
+      world->allreduce(buf.data(), buf.data(), count, DType::Float32, ReduceOp::Sum)->wait();
       std::printf("RESULT %d %.3f no error\n", me, unix_now());
       return 0;
     } catch (const Error& e) {

@@ -23,6 +23,22 @@ def test_every_collective_small_sizes(job, nproc):
     assert_all_ranks_passed(r.stdout, nproc)
 
 
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_every_collective_on_both_sides_of_the_host_fast_path_boundary(job, nproc):
+    # 1 KiB fast cells: a whole cell is 1024 / (element size) elements, and reduce_scatter,
+    # scatter and alltoall carry n blocks of the count. These sizes put every dtype and
+    # collective on both sides of that boundary, in the world and in a subgroup.
+    sizes = sorted({c + d for e in (1, 2, 4, 8) for n in (1, nproc) for c in [1024 // e // n] for d in (0, 1)})
+    r = job.run(nproc, "collective_check", "--subgroup", "--sizes", ",".join(map(str, sizes)),
+                extra=["--set", "daemon.host_fast_kib=1"])
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, nproc)
+    m = re.search(r"(\d+) collectives \((\d+) on the ranks' host fast path\)", r.stdout)
+    assert m, r.stdout[-4000:]
+    total, fast = int(m.group(1)), int(m.group(2))
+    assert 0 < fast < total, m.group(0)
+
+
 def test_every_collective_64_mib(job):
     # A float type, a half type (float32 accumulation) and an integer type: each takes its own
     # reduction loop. The small sizes above run all nine; all nine at 64 MiB are the long run's.

@@ -35,6 +35,21 @@ def test_mismatch_fails_every_rank_naming_each_call(job):
     assert len(re.findall(r"^AFTER \d 4$", r.stdout, re.M)) == 4, r.stdout[-3000:]
 
 
+def test_mismatch_between_the_fast_path_and_the_daemon_path(job):
+    # Rank 0's allreduce is small enough for the ranks' host fast path, the others' go through
+    # the daemon: every rank still gets the one error naming each call, and the group goes on.
+    r = job.run(3, "failure_worker", "--mode", "mismatch-paths")
+    assert r.returncode == 0, r.stdout[-3000:]
+    res = results(r.stdout)
+    assert sorted(res) == [0, 1, 2], r.stdout[-3000:]
+    for rank, (_, msg) in res.items():
+        assert "collective mismatch" in msg, msg
+        assert "rank 0 called allreduce(float32, count=8, op=sum)" in msg, msg
+        for other in (1, 2):
+            assert f"rank {other} called allreduce(float32, count=100000" in msg, msg
+    assert len(re.findall(r"^AFTER \d 3$", r.stdout, re.M)) == 3, r.stdout[-3000:]
+
+
 def check_killed_rank(job, nproc_per_node, extra=()):
     """Runs failure_worker over 4 ranks in all, SIGKILLs rank 2 once the others wait inside
     their allreduce, and checks that ranks 0, 1 and 3 fail within 5 s naming it."""

@@ -1,0 +1,131 @@
+#include "client/host_fast.hpp"
+
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/host/host_reduce.hpp"
+
+namespace smddp::client::host_fast {
+
+using ipc::FastCell;
+using ipc::OpType;
+using ipc::Segment;
+
+namespace {
+
+bool reduces(OpType op) { return op == OpType::AllReduce || op == OpType::Reduce || op == OpType::ReduceScatter; }
+bool rooted(OpType op) {
+  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
+}
+
+// The members' inputs at `offset` bytes in, for a reduction.
+std::vector<const void*> inputs_at(std::span<FastCell* const> cells, std::uint64_t offset) {
+  std::vector<const void*> in;
+  in.reserve(cells.size());
+  for (FastCell* c : cells) in.push_back(Segment::fast_input(*c) + offset);
+  return in;
+}
+
+void reduce(const FastCell& call, std::span<FastCell* const> cells, std::uint64_t offset, std::byte* out,
+            std::uint64_t count) {
+  if (count == 0) return;
+  host_kernels::ReduceParams params;
+  params.premul_scale = call.scale;
+  const auto in = inputs_at(cells, offset);
+  host_kernels::host_reduce(call.dtype, call.reduce_op, in, out, count, params);
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> largest_input(OpType op, std::uint64_t count, ipc::DType dtype, int members) {
+  const std::uint64_t e = ipc::dtype_size(dtype);
+  const auto n = static_cast<std::uint64_t>(members);
+  std::uint64_t bytes = 0;
+  switch (op) {
+    case OpType::Barrier: return 0;
+    case OpType::AllReduce:
+    case OpType::Reduce:
+    case OpType::Broadcast:
+    case OpType::AllGather:
+    case OpType::Gather:
+      if (__builtin_mul_overflow(count, e, &bytes)) return std::nullopt;
+      return bytes;
+    case OpType::ReduceScatter:
+    case OpType::Scatter:
+    case OpType::AllToAll:
+      if (__builtin_mul_overflow(count, e, &bytes) || __builtin_mul_overflow(bytes, n, &bytes)) return std::nullopt;
+      return bytes;
+    case OpType::Send:
+    case OpType::Recv:
+    case OpType::CommCreate:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::uint64_t input_bytes(OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root) {
+  const std::uint64_t block = count * ipc::dtype_size(dtype);
+  const auto n = static_cast<std::uint64_t>(members);
+  switch (op) {
+    case OpType::AllReduce:
+    case OpType::Reduce:
+    case OpType::AllGather:
+    case OpType::Gather:
+      return block;
+    case OpType::Broadcast: return me == root ? block : 0;
+    case OpType::Scatter: return me == root ? n * block : 0;
+    case OpType::ReduceScatter:
+    case OpType::AllToAll:
+      return n * block;
+    default: return 0;
+  }
+}
+
+bool same_call(const FastCell& a, const FastCell& b) {
+  if (a.comm_id != b.comm_id || a.seq != b.seq || a.op != b.op || a.dtype != b.dtype || a.count != b.count)
+    return false;
+  if (reduces(a.op) && a.reduce_op != b.reduce_op) return false;
+  if (rooted(a.op) && a.root != b.root) return false;
+  return true;
+}
+
+void read_output(std::span<FastCell* const> cells, int me, std::byte* out) {
+  const FastCell& call = *cells[static_cast<std::size_t>(me)];
+  const std::uint64_t block = call.count * ipc::dtype_size(call.dtype);
+  const auto n = cells.size();
+  const auto root = static_cast<std::size_t>(call.root);
+  const auto mine = static_cast<std::uint64_t>(me);
+  switch (call.op) {
+    case OpType::Barrier: return;
+    case OpType::AllReduce: return reduce(call, cells, 0, out, call.count);
+    case OpType::Reduce:
+      if (me == call.root) reduce(call, cells, 0, out, call.count);
+      return;
+    case OpType::ReduceScatter: return reduce(call, cells, mine * block, out, call.count);
+    case OpType::Broadcast:
+      if (me != call.root && block) std::memcpy(out, Segment::fast_input(*cells[root]), block);
+      return;
+    case OpType::AllGather:
+      for (std::size_t m = 0; m < n && block; ++m) std::memcpy(out + m * block, Segment::fast_input(*cells[m]), block);
+      return;
+    case OpType::Gather:
+      if (me != call.root) return;
+      for (std::size_t m = 0; m < n && block; ++m) std::memcpy(out + m * block, Segment::fast_input(*cells[m]), block);
+      return;
+    case OpType::Scatter:
+      if (block) std::memcpy(out, Segment::fast_input(*cells[root]) + mine * block, block);
+      return;
+    case OpType::AllToAll:
+      for (std::size_t m = 0; m < n && block; ++m)
+        std::memcpy(out + m * block, Segment::fast_input(*cells[m]) + mine * block, block);
+      return;
+    case OpType::Send:
+    case OpType::Recv:
+    case OpType::CommCreate:
+      break;
+  }
+  throw std::logic_error(std::string("the host fast path does not run ") + std::string(ipc::to_string(call.op)));
+}
+
+}  // namespace smddp::client::host_fast

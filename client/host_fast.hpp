@@ -1,0 +1,31 @@
+// The host fast path's collectives (ipc::kFlagHostFast): what one member reads from the
+// members' fast cells (ipc::FastCell, by group rank) once every member published its input.
+// The daemon is not on this path; ClientImpl (host_fast_path.cpp) publishes, waits and posts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "ipc/segment.hpp"
+
+namespace smddp::client::host_fast {
+
+// Bytes the most demanding member of the call publishes (the root's n blocks of a scatter,
+// everyone's n blocks of a reduce_scatter or alltoall): what decides, alike on every member,
+// whether the call takes the fast path. nullopt for operations the path does not take.
+std::optional<std::uint64_t> largest_input(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members);
+
+// Bytes member `me` publishes: its input, none for a broadcast's or scatter's non-roots.
+std::uint64_t input_bytes(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root);
+
+// Whether two members' cells hold the same call: the fields the daemon's matcher compares.
+bool same_call(const ipc::FastCell& a, const ipc::FastCell& b);
+
+// Writes member `me`'s output of the call every cell holds (`cells` by group rank, all
+// published and checked with same_call) into `out`. Reductions combine the members in group-rank
+// order, so every member computes the same bits.
+void read_output(std::span<ipc::FastCell* const> cells, int me, std::byte* out);
+
+}  // namespace smddp::client::host_fast

@@ -1,0 +1,243 @@
+// ClientImpl: the host fast path (ipc::kFlagHostFast). A small collective of a group within
+// this node does not wait for the daemon. Each member writes its input and its call into its
+// fast cell and publishes the op's number; once every member published, each checks that the
+// calls agree and computes its own output from the cells (client/host_fast.hpp). It also posts
+// a request that the daemon only matches and counts, without waking it: the answer comes later
+// and matters only when it is an error (the members disagree, a rank died, a timeout), which
+// fails the op if it has not finished yet.
+//
+// Cells are reused every other op of a lane (ipc/segment.hpp): a member publishes number k
+// only once every member's fast_done reached k - 2, and reads its lane's ops in order. A member
+// whose op failed marks its lane given up there; the others then stop waiting for its cells.
+#include <algorithm>
+#include <cstring>
+
+#include "client/client_impl.hpp"
+#include "client/host_fast.hpp"
+
+namespace smddp::client {
+
+namespace {
+
+std::string rank_of_slot(const ipc::Segment& seg, int slot) { return std::to_string(seg.slot(slot).rank); }
+
+}  // namespace
+
+std::shared_ptr<OpState> ClientImpl::submit_fast(OpPlan plan, std::chrono::milliseconds timeout) {
+  auto op = std::make_shared<OpState>(shared_from_this(), std::move(plan), timeout);
+  Deferred callbacks;
+  bool published = false;
+  {
+    std::lock_guard lk(mu_);
+    if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
+    if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
+    note_order_locked(op);
+    fast_.push_back(op);
+    fast_count_.store(fast_.size(), std::memory_order_relaxed);
+    ++active_;
+    progress_locked(callbacks);
+    published = op->fast_published_;
+  }
+  // The progress thread is woken only for an op that could not publish at once (its lane's
+  // cells are still read, or it waits for an earlier op on its memory): the others' wait needs
+  // its cell even if nobody here waits. Otherwise a caller that waits drives it, and one that
+  // registers a callback wakes the thread then (OpState::on_complete): waking it for every op
+  // cost a system call on the critical path.
+  if (!published) work_cv_.notify_one();
+  run(callbacks);
+  return op;
+}
+
+void ClientImpl::ring_members(const OpState& op) const {
+  for (int s : op.plan_.comm_state->fast_slots)
+    if (s != local_rank_) segment_.slot(s).client_bell.ring();
+}
+
+void ClientImpl::fail_fast_locked(OpState& op, Status s, const std::string& why, Deferred& callbacks) {
+  const int lane = op.plan_.fast_lane;
+  const std::uint64_t k = op.plan_.fast_k;
+  if (op.status_ == Status::Ok) {
+    op.status_ = s;
+    op.error_ = why;
+  }
+  // The others may wait for this rank's cells of this number and later ones: they never come.
+  auto& given_up = slot_.fast_done[lane].given_up;
+  if (const auto g = given_up.load(std::memory_order_relaxed); g == 0 || g > k)
+    given_up.store(k, std::memory_order_release);
+  ring_members(op);
+  finish_locked(op, callbacks);
+  for (auto& later : fast_) {
+    if (later->done() || later->plan_.fast_lane != lane || later->plan_.fast_k <= k) continue;
+    later->status_ = s;
+    later->error_ = "an earlier collective of this communicator failed on the host fast path: " + why;
+    finish_locked(*later, callbacks);
+  }
+}
+
+void ClientImpl::advance_fast_locked(Deferred& callbacks) {
+  if (fast_.empty()) return;
+  auto& h = segment_.header();
+  if (h.job_failed.load(std::memory_order_acquire)) {
+    const std::string why(h.job_error, ::strnlen(h.job_error, sizeof h.job_error));
+    for (auto& op : fast_)
+      if (!op->done()) fail_fast_locked(*op, Status::PeerFailed, why, callbacks);
+  }
+  bool finished = false;
+  for (auto& holder : fast_) {
+    OpState& op = *holder;
+    if (op.done()) continue;
+    const OpPlan& p = op.plan_;
+    const auto& slots = p.comm_state->fast_slots;
+    const int lane = p.fast_lane;
+    const std::uint64_t k = p.fast_k;
+    // A member that gave up on the lane at or before `upto` will not take part any more.
+    const auto gave_up = [&](int s, std::uint64_t upto) {
+      const auto g = segment_.slot(s).fast_done[lane].given_up.load(std::memory_order_acquire);
+      if (g == 0 || g > upto) return false;
+      fail_fast_locked(op, Status::PeerFailed,
+                       "smddp " + std::string(ipc::to_string(p.base.op)) + " on communicator " +
+                           std::to_string(p.base.comm_id) + ": rank " + rank_of_slot(segment_, s) +
+                           " gave up on this communicator's host fast path after a failed collective (its fast op #" +
+                           std::to_string(g) + "); this collective (fast op #" + std::to_string(k) +
+                           ") cannot complete",
+                       callbacks);
+      return true;
+    };
+    if (!op.fast_published_) {
+      if (fast_published_[static_cast<std::size_t>(lane)] != k - 1) continue;  // its lane's earlier op first
+      if (!op.deps_.empty() && !deps_ready_locked(op, callbacks)) continue;
+      // This rank's cell last held number k - 2: every member must be done reading it.
+      bool free = true;
+      for (int s : slots) {
+        if (k <= 2 || segment_.slot(s).fast_done[lane].k.load(std::memory_order_acquire) >= k - 2) continue;
+        if (gave_up(s, k - 2)) break;
+        free = false;
+        break;
+      }
+      if (op.done() || !free) continue;
+      auto& cell = segment_.fast_cell(local_rank_, lane, k);
+      const std::uint64_t bytes =
+          host_fast::input_bytes(p.base.op, p.base.count, p.base.dtype, p.group_size, p.group_rank, p.base.root);
+      if (bytes) std::memcpy(ipc::Segment::fast_input(cell), p.in, bytes);
+      cell.comm_id = p.base.comm_id;
+      cell.seq = p.base.seq;
+      cell.count = p.base.count;
+      cell.scale = p.base.scale;
+      cell.root = p.base.root;
+      cell.op = p.base.op;
+      cell.dtype = p.base.dtype;
+      cell.reduce_op = p.base.reduce_op;
+      cell.bytes = bytes;
+      cell.tag.store(k, std::memory_order_release);
+      fast_published_[static_cast<std::size_t>(lane)] = k;
+      op.fast_published_ = true;
+      op.next_ = op.nchunks_;  // its input is read: later ops may write over it
+      ring_members(op);
+      // The daemon hears of it without being woken: it needs the request only to check it.
+      ipc::RequestDesc d = p.base;
+      d.request_id = next_request_id_++;
+      d.flags |= ipc::kFlagHostFast;
+      d.chunk_offset = 0;
+      d.chunk_count = d.count;
+      d.wait_value = k;
+      d.input = d.output = d.aux = ipc::BufferRef{};
+      Inflight inf{holder, 0, kNoRegion, 0};
+      ++op.inflight_;
+      if (outbox_.empty() && slot_.requests.try_push(d)) {
+        inflight_.emplace(d.request_id, std::move(inf));
+      } else {
+        // The ring is full (the daemon sleeps): wake it, or requests pile up here.
+        outbox_.push_back(Staged{d, std::move(inf), 0});
+        h.daemon_bell.ring();
+      }
+    }
+    // Read in order: this rank finished every earlier op of the lane.
+    if (slot_.fast_done[lane].k.load(std::memory_order_relaxed) != k - 1) continue;
+    std::array<ipc::FastCell*, ipc::kMaxLocalRanks> cells{};
+    bool all = true;
+    for (std::size_t m = 0; m < slots.size(); ++m) {
+      auto& c = segment_.fast_cell(slots[m], lane, k);
+      if (c.tag.load(std::memory_order_acquire) != k) {
+        gave_up(slots[m], k);
+        all = false;
+        break;
+      }
+      cells[m] = &c;
+    }
+    if (!all || op.done()) continue;
+    const auto members = std::span<ipc::FastCell* const>(cells.data(), slots.size());
+    const auto& mine = *cells[static_cast<std::size_t>(p.group_rank)];
+    if (!std::all_of(members.begin(), members.end(), [&](const ipc::FastCell* c) { return host_fast::same_call(mine, *c); })) {
+      // The daemon's matcher names every rank's call; its answer fails the op (complete_locked).
+      if (!op.fast_mismatch_) h.daemon_bell.ring();
+      op.fast_mismatch_ = true;
+      continue;
+    }
+    try {
+      host_fast::read_output(members, p.group_rank, p.out);
+    } catch (const std::exception& e) {
+      fail_fast_locked(op, Status::Internal, std::string("host fast path: ") + e.what(), callbacks);
+      continue;
+    }
+    slot_.fast_done[lane].k.store(k, std::memory_order_release);
+    ring_members(op);
+    finish_locked(op, callbacks);
+    finished = true;
+  }
+  for (auto it = fast_.begin(); it != fast_.end();) {
+    if ((*it)->done()) {
+      callbacks.released.push_back(std::move(*it));
+      it = fast_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  fast_count_.store(fast_.size(), std::memory_order_relaxed);
+  // Another thread of this process may sleep waiting for one of them.
+  if (finished) slot_.client_bell.ring();
+}
+
+bool ClientImpl::fast_ready_locked() const {
+  if (fast_.empty()) return false;
+  if (segment_.header().job_failed.load(std::memory_order_acquire)) return true;
+  for (const auto& holder : fast_) {
+    const OpState& op = *holder;
+    if (op.done()) return true;
+    const OpPlan& p = op.plan_;
+    const int lane = p.fast_lane;
+    const std::uint64_t k = p.fast_k;
+    const auto given_up = [&](int s, std::uint64_t upto) {
+      const auto g = segment_.slot(s).fast_done[lane].given_up.load(std::memory_order_acquire);
+      return g != 0 && g <= upto;
+    };
+    if (!op.fast_published_) {
+      if (fast_published_[static_cast<std::size_t>(lane)] != k - 1) continue;
+      const bool deps = std::all_of(op.deps_.begin(), op.deps_.end(), [](const OpState::Dep& d) {
+        return !d.op || d.op->done() || (!d.writes && d.op->next_ >= d.op->nchunks_);
+      });
+      if (!deps) continue;
+      bool free = true;
+      for (int s : p.comm_state->fast_slots)
+        if (k > 2 && segment_.slot(s).fast_done[lane].k.load(std::memory_order_acquire) < k - 2 && !given_up(s, k - 2))
+          free = false;
+      if (free) return true;
+      continue;
+    }
+    if (op.fast_mismatch_) continue;  // waits for the daemon's answer
+    if (slot_.fast_done[lane].k.load(std::memory_order_relaxed) != k - 1) continue;
+    bool all = true;
+    for (int s : p.comm_state->fast_slots)
+      if (segment_.fast_cell(s, lane, k).tag.load(std::memory_order_acquire) != k && !given_up(s, k)) all = false;
+    if (all) return true;
+  }
+  return false;
+}
+
+bool ClientImpl::fast_ready() {
+  if (fast_count_.load(std::memory_order_relaxed) == 0) return false;
+  std::unique_lock lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return true;  // whoever holds it may be finishing ours: look again
+  return fast_ready_locked();
+}
+
+}  // namespace smddp::client

@@ -1,0 +1,323 @@
+// The host fast path (client/host_fast_path.cpp): small host collectives of a group within one
+// node run among the ranks' fast cells. Here two or three clients of one process are the
+// ranks, and the test plays the daemon (fake_daemon.hpp), which only sees the requests.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "fake_daemon.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using smddp::client::Client;
+using smddp::client::ClientPtr;
+using smddp::client::DType;
+using smddp::client::Error;
+using smddp::client::OpType;
+using smddp::client::ReduceOp;
+using smddp::client::Status;
+using smddp::client::WorkPtr;
+using smddp::testing::Answer;
+using smddp::testing::attach_options;
+using smddp::testing::FakeDaemon;
+using smddp::testing::small_spec;
+using smddp::testing::unique_job;
+namespace ipc = smddp::ipc;
+
+constexpr std::uint64_t kCell = 4096;
+
+struct Job {
+  explicit Job(int n, std::uint64_t cell = kCell) : job(unique_job("fast")), daemon(spec(job, n, cell)) {
+    daemon.start();
+    for (int r = 0; r < n; ++r) ranks.push_back(Client::attach(attach_options(job, r, n, n)));
+  }
+  static ipc::SegmentSpec spec(const std::string& job, int n, std::uint64_t cell) {
+    auto s = small_spec(job, n, n);
+    s.fast_cell_bytes = cell;
+    return s;
+  }
+  // Runs f(rank) on a thread per rank; rethrows the first failure.
+  void each(const std::function<void(int)>& f) {
+    std::vector<std::future<void>> done;
+    for (int r = 0; r < static_cast<int>(ranks.size()); ++r) done.push_back(std::async(std::launch::async, f, r));
+    for (auto& d : done) d.get();
+  }
+  std::size_t fast_requests() const {
+    std::size_t n = 0;
+    for (const auto& d : daemon.requests()) n += (d.flags & ipc::kFlagHostFast) != 0;
+    return n;
+  }
+  std::string job;
+  FakeDaemon daemon;
+  std::vector<ClientPtr> ranks;
+};
+
+std::vector<float> iota(std::size_t n, float from) {
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+TEST(HostFast, EveryCollectiveOfTwoRanksComputesTheRightOutput) {
+  Job j(2);
+  constexpr std::uint64_t n = 5;
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    const float base = static_cast<float>(10 * r);
+    auto in = iota(2 * n, base);  // two blocks, for reduce_scatter, scatter and alltoall
+    std::vector<float> out(2 * n, -1);
+
+    w->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum)->wait();
+    for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(out[i], 2 * i + 10) << "allreduce " << i;
+
+    std::fill(out.begin(), out.end(), -1.f);
+    w->reduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Max, 1)->wait();
+    for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(out[i], r == 1 ? i + 10.f : -1.f) << "reduce " << i;
+
+    auto b = in;
+    w->broadcast(b.data(), n, DType::Float32, 1)->wait();
+    for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(b[i], i + 10.f) << "broadcast " << i;
+
+    w->allgather(in.data(), out.data(), n, DType::Float32)->wait();
+    for (std::uint64_t i = 0; i < 2 * n; ++i) EXPECT_EQ(out[i], (i / n) * 10.f + i % n) << "allgather " << i;
+
+    w->reduce_scatter(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum)->wait();
+    for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(out[i], 2.f * (r * n + i) + 10) << "reduce_scatter " << i;
+
+    std::fill(out.begin(), out.end(), -1.f);
+    w->gather(in.data(), out.data(), n, DType::Float32, 0)->wait();
+    if (r == 0) {
+      for (std::uint64_t i = 0; i < 2 * n; ++i) EXPECT_EQ(out[i], (i / n) * 10.f + i % n) << "gather " << i;
+    }
+
+    w->scatter(in.data(), out.data(), n, DType::Float32, 0)->wait();
+    for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(out[i], static_cast<float>(r * n + i)) << "scatter " << i;
+
+    w->alltoall(in.data(), out.data(), n, DType::Float32)->wait();
+    for (std::uint64_t q = 0; q < 2; ++q)
+      for (std::uint64_t i = 0; i < n; ++i)
+        EXPECT_EQ(out[q * n + i], q * 10.f + r * n + i) << "alltoall " << q << "," << i;
+
+    w->barrier()->wait();
+    // In place: the input is in the cell before the output is written.
+    auto x = iota(n, base);
+    w->allreduce(x.data(), x.data(), n, DType::Float32, ReduceOp::Avg)->wait();
+    for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(x[i], i + 5.f) << "in-place avg " << i;
+  });
+  j.daemon.settle();
+  EXPECT_EQ(j.fast_requests(), 20u);  // ten collectives on each rank, every one fast
+  EXPECT_EQ(j.daemon.requests().size(), 20u);
+}
+
+TEST(HostFast, TheCellSizeIsTheBoundaryForEveryRole) {
+  Job j(2);
+  const std::uint64_t fits = kCell / 4;  // float32 elements of a whole cell
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    std::vector<float> in(2 * fits + 2, 1.f), out(4 * fits + 4);
+    w->allreduce(in.data(), out.data(), fits, DType::Float32, ReduceOp::Sum)->wait();  // fast
+    EXPECT_EQ(out[fits - 1], 2.f);
+    // Two blocks of fits / 2: the reduce_scatter's whole input just fits.
+    w->reduce_scatter(in.data(), out.data(), fits / 2, DType::Float32, ReduceOp::Sum)->wait();
+    EXPECT_EQ(out[fits / 2 - 1], 2.f);
+  });
+  j.daemon.settle();
+  EXPECT_EQ(j.fast_requests(), 4u);
+  // One element more goes through the daemon (whose fake answers as a world of one would).
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    std::vector<float> in(2 * fits + 2, 1.f), out(4 * fits + 4);
+    w->allreduce(in.data(), out.data(), fits + 1, DType::Float32, ReduceOp::Sum)->wait();
+    w->reduce_scatter(in.data(), out.data(), fits / 2 + 1, DType::Float32, ReduceOp::Sum)->wait();
+  });
+  j.daemon.settle();
+  EXPECT_EQ(j.fast_requests(), 4u);
+  EXPECT_EQ(j.daemon.requests().size(), 8u);
+}
+
+TEST(HostFast, FinishesWithoutTheDaemonsAnswer) {
+  Job j(2);
+  j.daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    for (int i = 0; i < 50; ++i) {
+      float x = static_cast<float>(r + i), y = 0;
+      w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum)->wait(5000ms);
+      EXPECT_EQ(y, static_cast<float>(2 * i + 1));
+    }
+  });
+  j.daemon.settle();
+  EXPECT_EQ(j.daemon.held_count(), 100u);  // the daemon heard of every one, answered none
+  j.daemon.release_held();
+}
+
+TEST(HostFast, AsynchronousOpsReuseTheCellsInOrderAndCallBackWithoutWait) {
+  Job j(3);
+  constexpr int kOps = 40;
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    std::vector<std::vector<std::int64_t>> in(kOps), out(kOps);
+    std::vector<WorkPtr> works;
+    std::atomic<int> called{0};
+    for (int i = 0; i < kOps; ++i) {
+      in[static_cast<std::size_t>(i)] = {r * 100 + i, i};
+      out[static_cast<std::size_t>(i)].assign(2, -1);
+      works.push_back(w->allreduce(in[static_cast<std::size_t>(i)].data(), out[static_cast<std::size_t>(i)].data(), 2,
+                                   DType::Int64, ReduceOp::Sum));
+      works.back()->on_complete([&] { called.fetch_add(1); });
+    }
+    // Nobody waits: the progress thread finishes them.
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (called.load() < kOps && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    ASSERT_EQ(called.load(), kOps);
+    for (int i = 0; i < kOps; ++i) {
+      EXPECT_EQ(works[static_cast<std::size_t>(i)]->status(), Status::Ok);
+      EXPECT_EQ(out[static_cast<std::size_t>(i)][0], 300 + 3 * i) << i;
+      EXPECT_EQ(out[static_cast<std::size_t>(i)][1], 3 * i) << i;
+    }
+  });
+}
+
+TEST(HostFast, SubgroupsGetTheirOwnLaneFromTheDaemonsAnswer) {
+  Job j(3);
+  // The fake daemon answers the communicator's creation with lane 2 (daemon_value 3).
+  j.daemon.set_policy([](const ipc::RequestDesc& d, std::size_t) {
+    Answer a;
+    if (d.op == OpType::CommCreate) a.daemon_value = 3;
+    return a;
+  });
+  std::vector<smddp::client::CommunicatorPtr> groups(3);
+  j.each([&](int r) {
+    if (r != 1) groups[static_cast<std::size_t>(r)] = j.ranks[static_cast<std::size_t>(r)]->create_communicator(7, {0, 2}, 5000ms);
+  });
+  j.each([&](int r) {
+    if (r == 1) return;
+    float x = 1.f + r, y = 0;
+    groups[static_cast<std::size_t>(r)]->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum)->wait(5000ms);
+    EXPECT_EQ(y, 4.f);
+  });
+  j.daemon.settle();
+  EXPECT_EQ(j.fast_requests(), 2u);
+  for (const auto& d : j.daemon.requests()) {
+    if (d.flags & ipc::kFlagHostFast) {
+      EXPECT_EQ(d.comm_id, 7u);
+    }
+  }
+  // Lane 2 of each member's slot carried it.
+  EXPECT_EQ(j.daemon.segment().slot(0).fast_done[2].k.load(), 1u);
+  EXPECT_EQ(j.daemon.segment().slot(2).fast_done[2].k.load(), 1u);
+  EXPECT_EQ(j.daemon.segment().slot(0).fast_done[0].k.load(), 0u);
+}
+
+TEST(HostFast, TheDaemonsErrorFailsAWaitingOpAndTurnsThePathOffForTheCommunicator) {
+  Job j(2);
+  const std::string text = "collective mismatch on communicator 0 (operation #1): rank 0 called allreduce(float32, count=1), "
+                           "rank 1 called allreduce(float32, count=100000)";
+  j.daemon.set_policy([&](const ipc::RequestDesc& d, std::size_t) {
+    return d.seq == 1 ? Answer{Answer::Fail, Status::Mismatch, text} : Answer{};
+  });
+  auto w = j.ranks[0]->world();
+  float x = 1, y = 0;
+  // Rank 1 never publishes (it took the daemon path): only the daemon's answer ends the wait.
+  try {
+    w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+    FAIL() << "expected the daemon's mismatch";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::Mismatch);
+    EXPECT_EQ(std::string(e.what()), text);
+  }
+  // The next collective of the communicator goes through the daemon.
+  w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+  j.daemon.settle();
+  const auto seen = j.daemon.requests();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen[0].flags & ipc::kFlagHostFast);
+  EXPECT_FALSE(seen[1].flags & ipc::kFlagHostFast);
+  // Rank 0 gave its lane up at fast op #1.
+  EXPECT_EQ(j.daemon.segment().slot(0).fast_done[0].given_up.load(), 1u);
+}
+
+TEST(HostFast, AMemberThatGaveUpItsLaneEndsTheOthersWait) {
+  Job j(2);
+  j.daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
+  // Rank 0's fast op #1 failed before it published its cell (as after a timeout).
+  j.daemon.segment().slot(0).fast_done[0].given_up.store(1);
+  float x = 1, y = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    j.ranks[1]->world()->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+    FAIL() << "expected the given-up lane to fail it";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::PeerFailed);
+    EXPECT_NE(std::string(e.what()).find("rank 0 gave up on this communicator's host fast path"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  j.daemon.release_held();
+}
+
+TEST(HostFast, MembersThatDisagreeWaitForTheDaemonsVerdict) {
+  Job j(2);
+  const std::string text = "collective mismatch on communicator 0 (operation #1): rank 0 called allreduce(float32, "
+                           "count=2), rank 1 called allgather(float32, count=2)";
+  j.daemon.set_policy([&](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Fail, Status::Mismatch, text}; });
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    float in[2] = {1, 2}, out[4] = {};
+    try {
+      if (r == 0) w->allreduce(in, out, 2, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+      else w->allgather(in, out, 2, DType::Float32)->wait(10000ms);
+      ADD_FAILURE() << "rank " << r << " expected the mismatch";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::Mismatch);
+      EXPECT_EQ(std::string(e.what()), text);
+    }
+    EXPECT_EQ(out[0], 0.f) << "nothing is written on a mismatch";
+  });
+}
+
+TEST(HostFast, TheJobsFailureEndsAWaitForAPeerThatNeverCame) {
+  Job j(2);
+  auto w = j.ranks[0]->world();
+  float x = 1, y = 0;
+  auto work = w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(work->done());
+  const std::string why = "rank 1 (pid 4242) was killed by signal 9";
+  auto& h = j.daemon.header();
+  std::strncpy(h.job_error, why.c_str(), sizeof h.job_error - 1);
+  h.job_failed.store(1, std::memory_order_release);  // nothing rings: the waiting thread looks by itself
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    work->wait(10000ms);
+    FAIL() << "expected the job's failure";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::PeerFailed);
+    EXPECT_EQ(std::string(e.what()), why);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+TEST(HostFast, AFrozenDaemonIsNoticedWhilePeersSpin) {
+  Job j(2);
+  auto w = j.ranks[0]->world();
+  float x = 1, y = 0;
+  auto work = w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum);
+  j.daemon.freeze_heartbeat(true);
+  try {
+    work->wait(10000ms);
+    FAIL() << "expected the daemon to be declared dead";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::PeerFailed);
+    EXPECT_NE(std::string(e.what()).find("stopped responding"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
