@@ -267,5 +267,52 @@ TEST(Validate, RailOperationsAreHostOperations) {
   EXPECT_TRUE(fails(d, gpu_ctx(), "rail operation is a host operation"));
 }
 
+// The host fast path (kFlagHostFast): the ranks moved the bytes through their fast cells.
+RequestDesc host_fast(OpType op = OpType::AllReduce, std::uint64_t n = 8) {
+  RequestDesc d;
+  d.op = op;
+  d.dtype = DType::Float32;
+  d.count = d.chunk_count = op == OpType::Barrier ? 0 : n;
+  d.flags = kFlagHostFast;
+  d.wait_value = 1;  // the lane's fast-op number
+  return d;
+}
+
+TEST(ValidateHostFast, EveryCollectiveWithoutBuffersPasses) {
+  for (auto op : {OpType::AllReduce, OpType::Reduce, OpType::Broadcast, OpType::AllGather, OpType::ReduceScatter,
+                  OpType::Gather, OpType::Scatter, OpType::AllToAll, OpType::Barrier}) {
+    SCOPED_TRACE(to_string(op));
+    EXPECT_EQ(validate_request(host_fast(op), ctx()), std::nullopt);
+  }
+  EXPECT_EQ(validate_request(host_fast(OpType::AllReduce, 0), ctx()), std::nullopt);  // an empty one
+  auto sdp = host_fast(OpType::AllGather);
+  sdp.flags |= kFlagSdp | kFlagInPlace;
+  EXPECT_EQ(validate_request(sdp, ctx()), std::nullopt);
+}
+
+TEST(ValidateHostFast, PointToPointBuffersFlagsAndMissingNumbersAreRefused) {
+  auto d = host_fast(OpType::Send);
+  d.root = 2;
+  EXPECT_TRUE(fails(d, ctx(), "collectives only"));
+  d = host_fast();
+  d.input = arena(0, 32);
+  EXPECT_TRUE(fails(d, ctx(), "carries no buffers"));
+  d = host_fast();
+  d.aux = arena(0, 32);
+  EXPECT_TRUE(fails(d, ctx(), "carries no buffers"));
+  d = host_fast();
+  d.flags |= kFlagReadSources;
+  EXPECT_TRUE(fails(d, ctx(), "no other flags"));
+  d = host_fast(OpType::AllToAll);
+  d.flags |= kFlagSplits;
+  EXPECT_TRUE(fails(d, ctx(), "no other flags"));
+  d = host_fast();
+  d.wait_value = 0;
+  EXPECT_TRUE(fails(d, ctx(), "fast-op number"));
+  d = host_fast();
+  d.chunk_offset = 4;  // past the end
+  EXPECT_TRUE(fails(d, ctx(), "exceeds count"));
+}
+
 }  // namespace
 }  // namespace smddp::ipc
