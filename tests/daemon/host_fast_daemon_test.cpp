@@ -93,6 +93,8 @@ TEST(DaemonHostFast, WorldAndSubgroupsRunAmongTheRanksAndTheDaemonCountsThem) {
   EXPECT_EQ(s["host_fast_path"].value("operations", 0), 100) << s.dump();
   EXPECT_EQ(s["host_fast_path"].value("communicators", 0), 2) << s.dump();  // the world's lane and the pair's
   EXPECT_TRUE(s["stalls"].empty()) << s.dump();
+  // Each member's output bytes count as moved: 50 x (3 x 7 + 2 x 3) floats.
+  EXPECT_EQ(s.value("bytes_moved", 0), 50 * (3 * 7 + 2 * 3) * 4) << s.dump();
 }
 
 TEST(DaemonHostFast, ARankOnTheDaemonsPathIsAMismatchNamingEveryCallAndTheGroupGoesOn) {
