@@ -590,6 +590,7 @@ void Engine::start_p2p(const Communicator& comm, const Posted& p, Clock::time_po
   op->key = mix(mix(mix(mix(mix(0x703270ull, d.comm_id), static_cast<std::uint64_t>(src)),
                         static_cast<std::uint64_t>(dst)), d.seq), d.chunk_offset);
   choose_rails(*op, {comm.global_ranks[static_cast<std::size_t>(src)], comm.global_ranks[static_cast<std::size_t>(dst)]});
+  op->started = now;
   op->deadline = now + (d.timeout_ms ? std::chrono::milliseconds(d.timeout_ms) : options_.default_timeout);
   ops_.push_back(op);
   if (!admit(*op, {d.comm_id, d.seq, src, dst})) return;
@@ -726,20 +727,31 @@ bool Engine::advance(Op& op, Clock::time_point now) {
       s << describe_call(op.match.posted.front().desc) << " on communicator " << op.comm->id << " (operation #"
         << op.match.posted.front().desc.seq << ") timed out after "
         << std::chrono::duration<double>(op.deadline - op.started).count() << " s: ";
-      const auto missing = unheard_ranks(op);
-      if (missing.empty()) {
-        s << "the other node(s) of the group did not finish their part";
-      } else {
-        s << "rank(s)";
-        for (int g : missing) s << " " << g;
-        s << " on other node(s) never posted it (or not all of their node's ranks did)";
-        // What those nodes said of their late ranks: the rank the missing ones wait for.
-        std::set<int> told;
-        for (int g : missing) {
+      // What the nodes of `ranks` said of their late ranks: the rank those wait for.
+      std::set<int> told;
+      const auto notes_of = [&](const std::vector<int>& ranks) {
+        for (int g : ranks) {
           const int n = topo_.node_of(g);
+          if (n == topo_.node_id) continue;
           const auto& note = peers_[static_cast<std::size_t>(n)].stall_note;
           if (!note.empty() && told.insert(n).second) s << "; node " << n << " says: " << note;
         }
+      };
+      const auto missing = unheard_ranks(op);
+      if (!missing.empty()) {
+        s << "rank(s)";
+        for (int g : missing) s << " " << g;
+        s << " on other node(s) never posted it (or not all of their node's ranks did)";
+        notes_of(missing);
+      } else if (op.p2p) {
+        const auto& mine = op.match.posted.front().desc;
+        const int peer = op.comm->global_ranks[static_cast<std::size_t>(mine.root)];
+        s << "rank " << peer << " on node " << topo_.node_of(peer) << " did not finish its "
+          << (mine.op == OpType::Recv ? "send" : "receive");
+        notes_of({peer});
+      } else {
+        s << "the other node(s) of the group did not finish their part";
+        notes_of(op.comm->global_ranks);
       }
       op.status = Status::Timeout;
       op.error = s.str();

@@ -389,6 +389,27 @@ TEST_P(EngineTest, ATimeoutRepeatsWhatTheOtherNodeSaysOfItsLateRanks) {
       << done[0].match.error;
 }
 
+// A receive whose sender never sends (held up by a late rank of its own node): the timeout names
+// the sender, repeats what the sender's node says of its late ranks, and gives the time it waited.
+TEST_P(EngineTest, AReceiveThatTimesOutNamesTheSenderAndWhatItsNodeSays) {
+  nodes[0]->engine->set_stall_note("rank(s) 1 late: allreduce on communicator 7 (operation #5) has waited 3 s for them");
+  auto r = recv_2_from_0(8, 1);
+  r.desc.timeout_ms = 600;
+  nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
+  std::vector<Finished> done;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (done.empty() && Clock::now() < until) {
+    done = nodes[1]->engine->progress(Clock::now());
+    nodes[0]->engine->progress(Clock::now());  // beats every 200 ms carry the note
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].match.status, ipc::Status::Timeout);
+  const auto& e = done[0].match.error;
+  EXPECT_NE(e.find("timed out after 0.6 s: rank 0 on node 0 did not finish its send; node 0 says: rank(s) 1 late"),
+            std::string::npos)
+      << e;
+}
+
 // An operation that failed on node 0 before node 0 started it (a refused request, a local
 // timeout): node 1's part of it ends at once with node 0's text, instead of at the timeout;
 // its later chunks fail as they start, and the next operation runs.
