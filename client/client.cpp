@@ -154,6 +154,11 @@ ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
   h.daemon_bell.ring();
   last_heartbeat_ = h.heartbeat.load(std::memory_order_relaxed);
   heartbeat_seen_ = Clock::now();
+  // The daemon gives the world host fast lane 0 when the job has a single node.
+  if (h.fast_cell_bytes && num_nodes_ == 1) {
+    world_seq_->fast_lane = 0;
+    for (int s = 0; s < local_world_size_; ++s) world_seq_->fast_slots.push_back(s);
+  }
 }
 
 void ClientImpl::start() {

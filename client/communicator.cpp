@@ -348,8 +348,6 @@ CommunicatorPtr ClientImpl::world() {
   std::vector<int> all(static_cast<std::size_t>(world_size_));
   for (int i = 0; i < world_size_; ++i) all[static_cast<std::size_t>(i)] = i;
   auto w = std::make_shared<CommImpl>(shared_from_this(), 0, std::move(all), rank_, world_seq_);
-  // The daemon gives the world lane 0 when the job has a single node.
-  if (fast_cell_bytes() && num_nodes_ == 1 && world_seq_->fast_lane < 0) w->set_fast_lane(0, rank_ - local_rank_);
   world_ = w;
   return w;
 }

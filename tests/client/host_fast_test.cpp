@@ -220,7 +220,8 @@ TEST(HostFast, TheDaemonsErrorFailsAWaitingOpAndTurnsThePathOffForTheCommunicato
   Job j(2);
   const std::string text = "collective mismatch on communicator 0 (operation #1): rank 0 called allreduce(float32, count=1), "
                            "rank 1 called allreduce(float32, count=100000)";
-  j.daemon.set_policy([&](const ipc::RequestDesc& d, std::size_t) {
+  // By value: the daemon's thread outlives this test's locals.
+  j.daemon.set_policy([text](const ipc::RequestDesc& d, std::size_t) {
     return d.seq == 1 ? Answer{Answer::Fail, Status::Mismatch, text} : Answer{};
   });
   auto w = j.ranks[0]->world();
@@ -267,7 +268,7 @@ TEST(HostFast, MembersThatDisagreeWaitForTheDaemonsVerdict) {
   Job j(2);
   const std::string text = "collective mismatch on communicator 0 (operation #1): rank 0 called allreduce(float32, "
                            "count=2), rank 1 called allgather(float32, count=2)";
-  j.daemon.set_policy([&](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Fail, Status::Mismatch, text}; });
+  j.daemon.set_policy([text](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Fail, Status::Mismatch, text}; });
   j.each([&](int r) {
     auto w = j.ranks[static_cast<std::size_t>(r)]->world();
     float in[2] = {1, 2}, out[4] = {};
