@@ -315,8 +315,7 @@ class CommImpl final : public Communicator {
     if (seq_->fast_lane < 0 || seq_->fast_off.load(std::memory_order_relaxed)) return false;
     if (p.device || p.copier || p.ordered_by_caller || p.unchunked || (p.base.flags & ipc::kFlagSplits)) return false;
     const OpType op = p.base.op;
-    const bool reduces = op == OpType::AllReduce || op == OpType::Reduce || op == OpType::ReduceScatter;
-    if (reduces && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
+    if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
     const auto bytes = host_fast::largest_input(op, p.base.count, p.base.dtype, size());
     return bytes && *bytes <= client_->fast_cell_bytes();
   }

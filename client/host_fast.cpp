@@ -14,11 +14,6 @@ using ipc::Segment;
 
 namespace {
 
-bool reduces(OpType op) { return op == OpType::AllReduce || op == OpType::Reduce || op == OpType::ReduceScatter; }
-bool rooted(OpType op) {
-  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
-}
-
 // The members' inputs at `offset` bytes in, for a reduction.
 std::vector<const void*> inputs_at(std::span<FastCell* const> cells, std::uint64_t offset) {
   std::vector<const void*> in;

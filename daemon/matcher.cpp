@@ -13,11 +13,6 @@ using ipc::Status;
 
 namespace {
 
-bool reduces(OpType op) { return op == OpType::AllReduce || op == OpType::Reduce || op == OpType::ReduceScatter; }
-bool rooted(OpType op) {
-  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
-}
-
 // The fields every member must agree on.
 bool same_signature(const RequestDesc& a, const RequestDesc& b) {
   constexpr std::uint32_t kMustMatch = ipc::kFlagSdp | ipc::kFlagSplits;

@@ -89,6 +89,14 @@ std::optional<DType> parse_dtype(std::string_view name) noexcept;
 std::optional<ReduceOp> parse_reduce_op(std::string_view name) noexcept;
 std::optional<OpType> parse_op_type(std::string_view name) noexcept;
 
+// Collectives that take a reduce op, and collectives with a root.
+constexpr bool reduces(OpType op) noexcept {
+  return op == OpType::AllReduce || op == OpType::Reduce || op == OpType::ReduceScatter;
+}
+constexpr bool rooted(OpType op) noexcept {
+  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
+}
+
 // Collectives that only move bytes: on the host path within a node their ranks may copy
 // their outputs straight from the members' arenas (kFlagReadSources).
 constexpr bool reads_sources(OpType op) noexcept {

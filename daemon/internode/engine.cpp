@@ -656,10 +656,6 @@ void Engine::post_descriptor_recv(const std::shared_ptr<Op>& op, int j, std::byt
 
 namespace {
 
-bool reduces(OpType op) { return op == OpType::AllReduce || op == OpType::Reduce || op == OpType::ReduceScatter; }
-bool rooted(OpType op) {
-  return op == OpType::Broadcast || op == OpType::Reduce || op == OpType::Gather || op == OpType::Scatter;
-}
 // The fields every member must agree on (as the Matcher's local check).
 bool same_signature(const ipc::RequestDesc& a, const ipc::RequestDesc& b) {
   constexpr std::uint32_t kMustMatch = ipc::kFlagSdp | ipc::kFlagSplits;
