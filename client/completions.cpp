@@ -209,11 +209,15 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
   struct Leave {
     ClientImpl& c;
     ~Leave() {
+      bool hand_over;
       {
         std::lock_guard lk(c.mu_);
         --c.waiters_;
+        // The progress thread takes over only what is left to drive: waking it for nothing
+        // cost a system call and a context switch per synchronous op.
+        hand_over = c.waiters_ == 0 && (c.active_ > 0 || c.fast_seen_);
       }
-      c.work_cv_.notify_one();
+      if (hand_over) c.work_cv_.notify_one();
     }
   } leave{*this};
   Deferred callbacks;
