@@ -45,6 +45,12 @@ void attack(const std::string& mode, const Client& c) {
   ipc::RankSlot& slot = seg.slot(c.local_rank());
   auto& head = ring_word(slot.requests, 0);
   auto& tail = ring_word(slot.requests, 1);
+  // The barrier took the ranks' host fast path: the daemon takes its request in later, when it
+  // next wakes. Ring it and wait until it has, so that the ring is at rest before the attack.
+  for (int i = 0; i < 5000 && head.load() != tail.load(); ++i) {
+    seg.header().daemon_bell.ring();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   if (head.load() != tail.load() || tail.load() == 0) {
     std::fprintf(stderr, "hostile_rank: the ring's layout is not the one this program knows\n");
     std::_Exit(3);
