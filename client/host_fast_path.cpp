@@ -104,6 +104,17 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
       return true;
     };
     if (!op.fast_published_) {
+      // This rank gave the lane up at an earlier op (an op issued while that failure was being
+      // handled still got a number on it): it can never publish.
+      if (const auto g = slot_.fast_done[lane].given_up.load(std::memory_order_relaxed); g != 0 && g < k) {
+        fail_fast_locked(op, Status::PeerFailed,
+                         "smddp " + std::string(ipc::to_string(p.base.op)) + " on communicator " +
+                             std::to_string(p.base.comm_id) +
+                             ": an earlier collective of this communicator failed on this rank's host fast path "
+                             "(its fast op #" + std::to_string(g) + ")",
+                         callbacks);
+        continue;
+      }
       if (fast_published_[static_cast<std::size_t>(lane)] != k - 1) continue;  // its lane's earlier op first
       if (!op.deps_.empty() && !deps_ready_locked(op, callbacks)) continue;
       // This rank's cell last held number k - 2: every member must be done reading it.
@@ -211,6 +222,7 @@ bool ClientImpl::fast_ready_locked() const {
       return g != 0 && g <= upto;
     };
     if (!op.fast_published_) {
+      if (const auto g = slot_.fast_done[lane].given_up.load(std::memory_order_relaxed); g != 0 && g < k) return true;
       if (fast_published_[static_cast<std::size_t>(lane)] != k - 1) continue;
       const bool deps = std::all_of(op.deps_.begin(), op.deps_.end(), [](const OpState::Dep& d) {
         return !d.op || d.op->done() || (!d.writes && d.op->next_ >= d.op->nchunks_);

@@ -245,6 +245,27 @@ TEST(HostFast, TheDaemonsErrorFailsAWaitingOpAndTurnsThePathOffForTheCommunicato
   EXPECT_EQ(j.daemon.segment().slot(0).fast_done[0].given_up.load(), 1u);
 }
 
+TEST(HostFast, AnOpNumberedOnALaneThisRankGaveUpFailsAtOnce) {
+  Job j(2);
+  j.daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
+  // As if fast op #1 of the world had failed here while op #2 was being issued.
+  j.daemon.segment().slot(0).fast_done[0].given_up.store(1);
+  float x = 1, y = 0;
+  auto w = j.ranks[0]->world();
+  auto first = w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum);  // #1: publishes, waits
+  auto second = w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum);  // #2: can never publish
+  try {
+    second->wait(5000ms);
+    FAIL() << "expected the given-up lane to fail it";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::PeerFailed);
+    EXPECT_NE(std::string(e.what()).find("an earlier collective of this communicator failed"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(first->done());  // #1 itself is not given up: it waits for rank 1, which never comes
+  j.daemon.release_held();
+}
+
 TEST(HostFast, AMemberThatGaveUpItsLaneEndsTheOthersWait) {
   Job j(2);
   j.daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
