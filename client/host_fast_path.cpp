@@ -77,11 +77,9 @@ void ClientImpl::fail_fast_locked(OpState& op, Status s, const std::string& why,
 void ClientImpl::advance_fast_locked(Deferred& callbacks) {
   if (fast_.empty()) return;
   auto& h = segment_.header();
-  if (h.job_failed.load(std::memory_order_acquire)) {
-    const std::string why(h.job_error, ::strnlen(h.job_error, sizeof h.job_error));
-    for (auto& op : fast_)
-      if (!op->done()) fail_fast_locked(*op, Status::PeerFailed, why, callbacks);
-  }
+  // Read before the pass: an op whose members' cells are all there still completes after the
+  // job failed (its peers may have finished it already, as the daemon's answers would have).
+  const bool job_failed = h.job_failed.load(std::memory_order_acquire);
   bool finished = false;
   for (auto& holder : fast_) {
     OpState& op = *holder;
@@ -94,6 +92,12 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
     const auto gave_up = [&](int s, std::uint64_t upto) {
       const auto g = segment_.slot(s).fast_done[lane].given_up.load(std::memory_order_acquire);
       if (g == 0 || g > upto) return false;
+      // A member gives its lane up when the job fails: the job's error says why.
+      if (h.job_failed.load(std::memory_order_acquire)) {
+        fail_fast_locked(op, Status::PeerFailed, std::string(h.job_error, ::strnlen(h.job_error, sizeof h.job_error)),
+                         callbacks);
+        return true;
+      }
       fail_fast_locked(op, Status::PeerFailed,
                        "smddp " + std::string(ipc::to_string(p.base.op)) + " on communicator " +
                            std::to_string(p.base.comm_id) + ": rank " + rank_of_slot(segment_, s) +
@@ -194,6 +198,11 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
     ring_members(op);
     finish_locked(op, callbacks);
     finished = true;
+  }
+  if (job_failed) {
+    const std::string why(h.job_error, ::strnlen(h.job_error, sizeof h.job_error));
+    for (auto& op : fast_)
+      if (!op->done()) fail_fast_locked(*op, Status::PeerFailed, why, callbacks);
   }
   for (auto it = fast_.begin(); it != fast_.end();) {
     if ((*it)->done()) {

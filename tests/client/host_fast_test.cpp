@@ -327,6 +327,25 @@ TEST(HostFast, TheJobsFailureEndsAWaitForAPeerThatNeverCame) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
 }
 
+TEST(HostFast, AnOpWhoseCellsAreAllThereCompletesAfterTheJobFailed) {
+  Job j(2);
+  // Rank 1 publishes and waits; the job fails; rank 0 then finds every cell there: its op
+  // completes (rank 1's may have already), and only its next op fails.
+  float x0 = 1, y0 = 0, x1 = 2, y1 = 0;
+  auto w1 = j.ranks[1]->world()->allreduce(&x1, &y1, 1, DType::Float32, ReduceOp::Sum);
+  auto& h = j.daemon.header();
+  std::strncpy(h.job_error, "rank 3 corrupted its request ring", sizeof h.job_error - 1);
+  h.job_failed.store(1, std::memory_order_release);
+  j.ranks[0]->world()->allreduce(&x0, &y0, 1, DType::Float32, ReduceOp::Sum)->wait(5000ms);
+  EXPECT_EQ(y0, 3.f);
+  EXPECT_THROW(j.ranks[0]->world()->allreduce(&x0, &y0, 1, DType::Float32, ReduceOp::Sum)->wait(5000ms), Error);
+  try {
+    w1->wait(5000ms);  // done, or failed by the job: either is right
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::PeerFailed) << e.what();
+  }
+}
+
 TEST(HostFast, AFrozenDaemonIsNoticedWhilePeersSpin) {
   Job j(2);
   auto w = j.ranks[0]->world();
