@@ -207,6 +207,15 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void advance_fast_locked(Deferred& callbacks);
   // Fails a fast op (if it has not finished) and marks its lane given up at its number.
   void fail_fast_locked(OpState& op, Status s, const std::string& why, Deferred& callbacks);
+  // What a fast op can do next, judged from the cells and marks without changing anything.
+  struct FastLook {
+    enum Kind { Wait, SelfGaveUp, PeerGaveUp, Publish, Read } kind;
+    int slot = -1;          // PeerGaveUp: the member
+    std::uint64_t at = 0;   // SelfGaveUp, PeerGaveUp: the number the lane was given up at
+  };
+  FastLook look_fast_locked(const OpState& op) const;
+  void publish_fast_locked(const std::shared_ptr<OpState>& op);  // writes its cell, posts its request
+  bool read_fast_locked(OpState& op);  // false: the members' cells hold different calls
   // For waiting threads: whether a fast op can move now (takes the lock only if free).
   bool fast_ready();
   bool fast_ready_locked() const;
@@ -255,6 +264,8 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void note_order_locked(const std::shared_ptr<OpState>& op);
   // Before `op`'s first chunk: whether what it waits for came first (then its copier follows).
   bool deps_ready_locked(OpState& op, Deferred& callbacks);
+  // Whether what `op` waits for came first, changing nothing.
+  static bool deps_done(const OpState& op);
   // An op finished: its entry keeps only its copier, until the copies are over.
   void untouch_locked(OpState& op, Deferred& callbacks);
   struct Inflight {

@@ -74,136 +74,155 @@ void ClientImpl::fail_fast_locked(OpState& op, Status s, const std::string& why,
   }
 }
 
+ClientImpl::FastLook ClientImpl::look_fast_locked(const OpState& op) const {
+  const OpPlan& p = op.plan_;
+  const int lane = p.fast_lane;
+  const std::uint64_t k = p.fast_k;
+  // Member `s` stops a wait that needs its number `upto` if it gave the lane up at or before it.
+  const auto blocked_by = [&](int s, std::uint64_t upto) {
+    const auto g = segment_.slot(s).fast_done[lane].given_up.load(std::memory_order_acquire);
+    return g != 0 && g <= upto ? FastLook{FastLook::PeerGaveUp, s, g} : FastLook{FastLook::Wait};
+  };
+  if (!op.fast_published_) {
+    // This rank gave the lane up at an earlier op (an op issued while that failure was being
+    // handled still got a number on it): it can never publish.
+    if (const auto g = slot_.fast_done[lane].given_up.load(std::memory_order_relaxed); g != 0 && g < k)
+      return {FastLook::SelfGaveUp, local_rank_, g};
+    if (fast_published_[static_cast<std::size_t>(lane)] != k - 1) return {FastLook::Wait};  // its lane's earlier op first
+    if (!deps_done(op)) return {FastLook::Wait};
+    // This rank's cell last held number k - 2: every member must be done reading it.
+    if (k > 2)
+      for (int s : p.comm_state->fast_slots)
+        if (segment_.slot(s).fast_done[lane].k.load(std::memory_order_acquire) < k - 2) return blocked_by(s, k - 2);
+    return {FastLook::Publish};
+  }
+  if (op.fast_mismatch_) return {FastLook::Wait};  // the daemon's answer decides
+  // Read in order: this rank finished every earlier op of the lane.
+  if (slot_.fast_done[lane].k.load(std::memory_order_relaxed) != k - 1) return {FastLook::Wait};
+  for (int s : p.comm_state->fast_slots)
+    if (segment_.fast_cell(s, lane, k).tag.load(std::memory_order_acquire) != k) return blocked_by(s, k);
+  return {FastLook::Read};
+}
+
+void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
+  OpState& op = *holder;
+  const OpPlan& p = op.plan_;
+  const int lane = p.fast_lane;
+  const std::uint64_t k = p.fast_k;
+  auto& cell = segment_.fast_cell(local_rank_, lane, k);
+  const std::uint64_t bytes =
+      host_fast::input_bytes(p.base.op, p.base.count, p.base.dtype, p.group_size, p.group_rank, p.base.root);
+  if (bytes) std::memcpy(ipc::Segment::fast_input(cell), p.in, bytes);
+  cell.comm_id = p.base.comm_id;
+  cell.seq = p.base.seq;
+  cell.count = p.base.count;
+  cell.scale = p.base.scale;
+  cell.root = p.base.root;
+  cell.op = p.base.op;
+  cell.dtype = p.base.dtype;
+  cell.reduce_op = p.base.reduce_op;
+  cell.bytes = bytes;
+  cell.tag.store(k, std::memory_order_release);
+  fast_published_[static_cast<std::size_t>(lane)] = k;
+  op.fast_published_ = true;
+  op.next_ = op.nchunks_;  // its input is read: later ops may write over it
+  ring_members(op);
+  // The daemon hears of it without being woken: it needs the request only to check it.
+  ipc::RequestDesc d = p.base;
+  d.request_id = next_request_id_++;
+  d.flags |= ipc::kFlagHostFast;
+  d.chunk_offset = 0;
+  d.chunk_count = d.count;
+  d.wait_value = k;
+  d.input = d.output = d.aux = ipc::BufferRef{};
+  Inflight inf{holder, 0, kNoRegion, 0};
+  ++op.inflight_;
+  if (outbox_.empty() && slot_.requests.try_push(d)) {
+    inflight_.emplace(d.request_id, std::move(inf));
+  } else {
+    // The ring is full (the daemon sleeps): wake it, or requests pile up here.
+    outbox_.push_back(Staged{d, std::move(inf), 0});
+    segment_.header().daemon_bell.ring();
+  }
+}
+
+// Reads op's output from the members' cells; false when the cells hold different calls.
+bool ClientImpl::read_fast_locked(OpState& op) {
+  const OpPlan& p = op.plan_;
+  const auto& slots = p.comm_state->fast_slots;
+  std::array<ipc::FastCell*, ipc::kMaxLocalRanks> cells{};
+  for (std::size_t m = 0; m < slots.size(); ++m) cells[m] = &segment_.fast_cell(slots[m], p.fast_lane, p.fast_k);
+  const auto members = std::span<ipc::FastCell* const>(cells.data(), slots.size());
+  const auto& mine = *cells[static_cast<std::size_t>(p.group_rank)];
+  if (!std::all_of(members.begin(), members.end(), [&](const ipc::FastCell* c) { return host_fast::same_call(mine, *c); }))
+    return false;
+  host_fast::read_output(members, p.group_rank, p.out);
+  return true;
+}
+
 void ClientImpl::advance_fast_locked(Deferred& callbacks) {
   if (fast_.empty()) return;
   auto& h = segment_.header();
   // Read before the pass: an op whose members' cells are all there still completes after the
   // job failed (its peers may have finished it already, as the daemon's answers would have).
   const bool job_failed = h.job_failed.load(std::memory_order_acquire);
+  const auto job_error = [&] { return std::string(h.job_error, ::strnlen(h.job_error, sizeof h.job_error)); };
   bool finished = false;
   for (auto& holder : fast_) {
     OpState& op = *holder;
-    if (op.done()) continue;
     const OpPlan& p = op.plan_;
-    const auto& slots = p.comm_state->fast_slots;
-    const int lane = p.fast_lane;
-    const std::uint64_t k = p.fast_k;
-    // A member that gave up on the lane at or before `upto` will not take part any more.
-    const auto gave_up = [&](int s, std::uint64_t upto) {
-      const auto g = segment_.slot(s).fast_done[lane].given_up.load(std::memory_order_acquire);
-      if (g == 0 || g > upto) return false;
-      // A member gives its lane up when the job fails: the job's error says why.
-      if (h.job_failed.load(std::memory_order_acquire)) {
-        fail_fast_locked(op, Status::PeerFailed, std::string(h.job_error, ::strnlen(h.job_error, sizeof h.job_error)),
-                         callbacks);
-        return true;
-      }
-      fail_fast_locked(op, Status::PeerFailed,
-                       "smddp " + std::string(ipc::to_string(p.base.op)) + " on communicator " +
-                           std::to_string(p.base.comm_id) + ": rank " + rank_of_slot(segment_, s) +
-                           " gave up on this communicator's host fast path after a failed collective (its fast op #" +
-                           std::to_string(g) + "); this collective (fast op #" + std::to_string(k) +
-                           ") cannot complete",
-                       callbacks);
-      return true;
-    };
-    if (!op.fast_published_) {
-      // This rank gave the lane up at an earlier op (an op issued while that failure was being
-      // handled still got a number on it): it can never publish.
-      if (const auto g = slot_.fast_done[lane].given_up.load(std::memory_order_relaxed); g != 0 && g < k) {
-        fail_fast_locked(op, Status::PeerFailed,
-                         "smddp " + std::string(ipc::to_string(p.base.op)) + " on communicator " +
-                             std::to_string(p.base.comm_id) +
-                             ": an earlier collective of this communicator failed on this rank's host fast path "
-                             "(its fast op #" + std::to_string(g) + ")",
-                         callbacks);
-        continue;
-      }
-      if (fast_published_[static_cast<std::size_t>(lane)] != k - 1) continue;  // its lane's earlier op first
-      if (!op.deps_.empty() && !deps_ready_locked(op, callbacks)) continue;
-      // This rank's cell last held number k - 2: every member must be done reading it.
-      bool free = true;
-      for (int s : slots) {
-        if (k <= 2 || segment_.slot(s).fast_done[lane].k.load(std::memory_order_acquire) >= k - 2) continue;
-        if (gave_up(s, k - 2)) break;
-        free = false;
-        break;
-      }
-      if (op.done() || !free) continue;
-      auto& cell = segment_.fast_cell(local_rank_, lane, k);
-      const std::uint64_t bytes =
-          host_fast::input_bytes(p.base.op, p.base.count, p.base.dtype, p.group_size, p.group_rank, p.base.root);
-      if (bytes) std::memcpy(ipc::Segment::fast_input(cell), p.in, bytes);
-      cell.comm_id = p.base.comm_id;
-      cell.seq = p.base.seq;
-      cell.count = p.base.count;
-      cell.scale = p.base.scale;
-      cell.root = p.base.root;
-      cell.op = p.base.op;
-      cell.dtype = p.base.dtype;
-      cell.reduce_op = p.base.reduce_op;
-      cell.bytes = bytes;
-      cell.tag.store(k, std::memory_order_release);
-      fast_published_[static_cast<std::size_t>(lane)] = k;
-      op.fast_published_ = true;
-      op.next_ = op.nchunks_;  // its input is read: later ops may write over it
-      ring_members(op);
-      // The daemon hears of it without being woken: it needs the request only to check it.
-      ipc::RequestDesc d = p.base;
-      d.request_id = next_request_id_++;
-      d.flags |= ipc::kFlagHostFast;
-      d.chunk_offset = 0;
-      d.chunk_count = d.count;
-      d.wait_value = k;
-      d.input = d.output = d.aux = ipc::BufferRef{};
-      Inflight inf{holder, 0, kNoRegion, 0};
-      ++op.inflight_;
-      if (outbox_.empty() && slot_.requests.try_push(d)) {
-        inflight_.emplace(d.request_id, std::move(inf));
-      } else {
-        // The ring is full (the daemon sleeps): wake it, or requests pile up here.
-        outbox_.push_back(Staged{d, std::move(inf), 0});
-        h.daemon_bell.ring();
+    for (bool again = true; again && !op.done();) {
+      again = false;
+      const FastLook look = look_fast_locked(op);
+      const std::string what = "smddp " + std::string(ipc::to_string(p.base.op)) + " on communicator " +
+                               std::to_string(p.base.comm_id);
+      switch (look.kind) {
+        case FastLook::Wait: break;
+        case FastLook::SelfGaveUp:
+          fail_fast_locked(op, Status::PeerFailed,
+                           what + ": an earlier collective of this communicator failed on this rank's host fast path "
+                                  "(its fast op #" + std::to_string(look.at) + ")",
+                           callbacks);
+          break;
+        case FastLook::PeerGaveUp:
+          // A member gives its lane up when the job fails: the job's error says why.
+          fail_fast_locked(op, Status::PeerFailed,
+                           h.job_failed.load(std::memory_order_acquire)
+                               ? job_error()
+                               : what + ": rank " + rank_of_slot(segment_, look.slot) +
+                                     " gave up on this communicator's host fast path after a failed collective (its "
+                                     "fast op #" + std::to_string(look.at) + "); this collective (fast op #" +
+                                     std::to_string(p.fast_k) + ") cannot complete",
+                           callbacks);
+          break;
+        case FastLook::Publish:
+          deps_ready_locked(op, callbacks);  // done (look_fast_locked saw it): releases them
+          publish_fast_locked(holder);
+          again = true;  // the others may all be there already
+          break;
+        case FastLook::Read:
+          try {
+            if (!read_fast_locked(op)) {
+              // The daemon's matcher names every rank's call; its answer fails the op (complete_locked).
+              h.daemon_bell.ring();
+              op.fast_mismatch_ = true;
+              break;
+            }
+          } catch (const std::exception& e) {
+            fail_fast_locked(op, Status::Internal, std::string("host fast path: ") + e.what(), callbacks);
+            break;
+          }
+          slot_.fast_done[p.fast_lane].k.store(p.fast_k, std::memory_order_release);
+          ring_members(op);
+          finish_locked(op, callbacks);
+          finished = true;
+          break;
       }
     }
-    // Read in order: this rank finished every earlier op of the lane.
-    if (slot_.fast_done[lane].k.load(std::memory_order_relaxed) != k - 1) continue;
-    std::array<ipc::FastCell*, ipc::kMaxLocalRanks> cells{};
-    bool all = true;
-    for (std::size_t m = 0; m < slots.size(); ++m) {
-      auto& c = segment_.fast_cell(slots[m], lane, k);
-      if (c.tag.load(std::memory_order_acquire) != k) {
-        gave_up(slots[m], k);
-        all = false;
-        break;
-      }
-      cells[m] = &c;
-    }
-    if (!all || op.done()) continue;
-    const auto members = std::span<ipc::FastCell* const>(cells.data(), slots.size());
-    const auto& mine = *cells[static_cast<std::size_t>(p.group_rank)];
-    if (!std::all_of(members.begin(), members.end(), [&](const ipc::FastCell* c) { return host_fast::same_call(mine, *c); })) {
-      // The daemon's matcher names every rank's call; its answer fails the op (complete_locked).
-      if (!op.fast_mismatch_) h.daemon_bell.ring();
-      op.fast_mismatch_ = true;
-      continue;
-    }
-    try {
-      host_fast::read_output(members, p.group_rank, p.out);
-    } catch (const std::exception& e) {
-      fail_fast_locked(op, Status::Internal, std::string("host fast path: ") + e.what(), callbacks);
-      continue;
-    }
-    slot_.fast_done[lane].k.store(k, std::memory_order_release);
-    ring_members(op);
-    finish_locked(op, callbacks);
-    finished = true;
   }
-  if (job_failed) {
-    const std::string why(h.job_error, ::strnlen(h.job_error, sizeof h.job_error));
+  if (job_failed)
     for (auto& op : fast_)
-      if (!op->done()) fail_fast_locked(*op, Status::PeerFailed, why, callbacks);
-  }
+      if (!op->done()) fail_fast_locked(*op, Status::PeerFailed, job_error(), callbacks);
   for (auto it = fast_.begin(); it != fast_.end();) {
     if ((*it)->done()) {
       callbacks.released.push_back(std::move(*it));
@@ -220,38 +239,9 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
 bool ClientImpl::fast_ready_locked() const {
   if (fast_.empty()) return false;
   if (segment_.header().job_failed.load(std::memory_order_acquire)) return true;
-  for (const auto& holder : fast_) {
-    const OpState& op = *holder;
-    if (op.done()) return true;
-    const OpPlan& p = op.plan_;
-    const int lane = p.fast_lane;
-    const std::uint64_t k = p.fast_k;
-    const auto given_up = [&](int s, std::uint64_t upto) {
-      const auto g = segment_.slot(s).fast_done[lane].given_up.load(std::memory_order_acquire);
-      return g != 0 && g <= upto;
-    };
-    if (!op.fast_published_) {
-      if (const auto g = slot_.fast_done[lane].given_up.load(std::memory_order_relaxed); g != 0 && g < k) return true;
-      if (fast_published_[static_cast<std::size_t>(lane)] != k - 1) continue;
-      const bool deps = std::all_of(op.deps_.begin(), op.deps_.end(), [](const OpState::Dep& d) {
-        return !d.op || d.op->done() || (!d.writes && d.op->next_ >= d.op->nchunks_);
-      });
-      if (!deps) continue;
-      bool free = true;
-      for (int s : p.comm_state->fast_slots)
-        if (k > 2 && segment_.slot(s).fast_done[lane].k.load(std::memory_order_acquire) < k - 2 && !given_up(s, k - 2))
-          free = false;
-      if (free) return true;
-      continue;
-    }
-    if (op.fast_mismatch_) continue;  // waits for the daemon's answer
-    if (slot_.fast_done[lane].k.load(std::memory_order_relaxed) != k - 1) continue;
-    bool all = true;
-    for (int s : p.comm_state->fast_slots)
-      if (segment_.fast_cell(s, lane, k).tag.load(std::memory_order_acquire) != k && !given_up(s, k)) all = false;
-    if (all) return true;
-  }
-  return false;
+  return std::any_of(fast_.begin(), fast_.end(), [&](const std::shared_ptr<OpState>& op) {
+    return op->done() || look_fast_locked(*op).kind != FastLook::Wait;
+  });
 }
 
 bool ClientImpl::fast_ready() {

@@ -33,12 +33,16 @@ void ClientImpl::note_order_locked(const std::shared_ptr<OpState>& op) {
   touching_.push_back(std::move(me));
 }
 
+bool ClientImpl::deps_done(const OpState& op) {
+  // One that only reads this op's output is through once all of it was submitted: a host op's
+  // copies in are made then, a copier's are enqueued then (and followed, deps_ready_locked).
+  return std::none_of(op.deps_.begin(), op.deps_.end(), [](const OpState::Dep& d) {
+    return d.op && !d.op->done() && (d.writes || d.op->next_ < d.op->nchunks_);
+  });
+}
+
 bool ClientImpl::deps_ready_locked(OpState& op, Deferred& callbacks) {
-  for (const auto& d : op.deps_) {
-    // One that only reads this op's output is through once all of it was submitted: a host
-    // op's copies in are made then, a copier's are enqueued then (and followed below).
-    if (d.op && !d.op->done() && (d.writes || d.op->next_ < d.op->nchunks_)) return false;
-  }
+  if (!deps_done(op)) return false;
   if (op.plan_.copier)
     for (const auto& d : op.deps_)
       if (d.copier) op.plan_.copier->follow(*d.copier);
