@@ -1,5 +1,6 @@
 // ClientImpl: host collectives that only move bytes, copied by this rank straight from the
-// members' arenas (CompletionKind::Sources), and the regions held for the other readers.
+// members' arenas (CompletionKind::Sources), and the regions held for the other readers (of
+// these and of the shares of reductions, arena_shares.cpp).
 #include <algorithm>
 #include <cstring>
 
@@ -41,20 +42,26 @@ void ClientImpl::sources_copied_locked(const ipc::CompletionDesc& c, std::uint64
   const auto h = c.sources_header();
   const std::uint32_t count = std::min<std::uint32_t>(h.count, ipc::kMaxSourceMembers);
   const std::uint32_t readers = std::min<std::uint32_t>(h.readers, ipc::kMaxSourceMembers);
-  // Our copies are done before the count says so. An owner that waits for space hears of it.
+  std::vector<int> owners;
+  for (std::uint32_t b = 0; b < count; ++b) owners.push_back(c.source(b).slot);
+  std::vector<ipc::SourceReader> rs;
+  for (std::uint32_t i = 0; i < readers; ++i) rs.push_back(c.source_reader(count, i));
+  reads_done_locked(owners, rs, region);
+}
+
+void ClientImpl::reads_done_locked(std::span<const int> owners, std::span<const ipc::SourceReader> readers,
+                                   std::uint64_t region) {
+  // Our reads are done before the count says so. An owner that waits for space hears of it.
   slot_.sources_done.fetch_add(1, std::memory_order_seq_cst);
-  for (std::uint32_t b = 0; b < count; ++b) {
-    const int owner = c.source(b).slot;
+  for (const int owner : owners) {
     if (owner == local_rank_ || owner < 0 || owner >= local_world_size_) continue;
     auto& o = segment_.slot(owner);
     if (o.waits_for_readers.load(std::memory_order_seq_cst)) o.client_bell.ring();
   }
   if (region == kNoRegion) return;
   ReadHeld held{region, {}};
-  for (std::uint32_t i = 0; i < readers; ++i) {
-    const auto x = c.source_reader(count, i);
+  for (const auto& x : readers)
     if (x.slot >= 0 && x.slot < local_world_size_ && x.slot != local_rank_) held.readers.push_back(x);
-  }
   if (held.readers.empty()) alloc_.free(region);
   else read_held_.push_back(std::move(held));
 }

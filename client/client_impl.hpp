@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 
@@ -301,6 +303,39 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // This rank answered Sources completion `c` (copied, or gave up on its op): counts it, wakes
   // the owners of the regions it read, and holds `region` (kNoRegion: none) for the readers.
   void sources_copied_locked(const ipc::CompletionDesc& c, std::uint64_t region);
+  // This rank read the members' arenas for one chunk (Sources or Shares): counts it, wakes the
+  // region owners (`owners`, slots) that wait for space, and holds `region` (kNoRegion: none)
+  // for `readers`.
+  void reads_done_locked(std::span<const int> owners, std::span<const ipc::SourceReader> readers, std::uint64_t region);
+  // Host reductions split among the ranks (arena_shares.cpp). A Shares completion: reduced at
+  // once, then answered once the shares this rank copies are there. Until then it waits in
+  // share_wait_ and the completions behind it wait too (ring order).
+  struct ShareWait {
+    ipc::CompletionDesc c;
+    Inflight inf;  // inf.op null: its op was given up before the answer came
+  };
+  std::optional<ShareWait> share_wait_;
+  std::atomic<bool> share_waiting_{false};  // share_wait_ is set, for waiting threads' looks
+  struct ShareLook {
+    enum Kind { Ready, Wait, Gone } kind;
+    std::vector<int> late;  // Wait: the members whose shares are not there; Gone: the one that left
+  };
+  // Why `c` cannot be run as sent (checked against `op`'s call and chunk when given), or nullopt.
+  std::optional<std::string> check_shares(const ipc::CompletionDesc& c, const OpState* op, const Inflight* inf) const;
+  // Reduces this rank's share of `c` (reduce-scatter: into `out`, nothing when null).
+  void reduce_share_locked(const ipc::CompletionDesc& c, std::byte* out);
+  // Bumps shares_reduced and rings the members that may wait for it.
+  void share_reduced_locked(const ipc::CompletionDesc& c);
+  ShareLook look_shares(const ipc::CompletionDesc& c) const;  // the shares this rank copies
+  void copy_shares_locked(OpState& op, const Inflight& inf, const ipc::CompletionDesc& c);
+  // Takes a Shares completion; false while it waits for others' shares (share_wait_).
+  bool start_share_locked(const ipc::CompletionDesc& c, Deferred& callbacks);
+  // Answers share_wait_ if it can (copied, failed, or its op given up); false while it waits.
+  bool end_share_locked(Deferred& callbacks);
+  // The error of an op whose timeout passed while it waited for the `late` members' shares.
+  std::string late_shares_error(const OpState& op, const std::vector<int>& late) const;
+  // For waiting threads: whether the completion ring has something this rank can take now.
+  bool completions_ready();
   // Whether every reader of `h` is done with it (or gone).
   bool readers_done(const ReadHeld& h) const;
   // Frees the held regions whose readers are all done (or gone); true if any was freed.

@@ -35,8 +35,13 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
 }
 
 void ClientImpl::complete_locked(Deferred& callbacks) {
+  if (share_wait_ && !end_share_locked(callbacks)) return;  // the completions behind it wait
   ipc::CompletionDesc c;
   while (slot_.completions.try_pop(c) == ipc::SpscRing<ipc::CompletionDesc, ipc::kCompletionRingCapacity>::PopResult::Item) {
+    if (c.kind == ipc::CompletionKind::Shares) {
+      if (!start_share_locked(c, callbacks)) return;
+      continue;
+    }
     auto it = inflight_.find(c.request_id);
     if (it == inflight_.end()) {
       // Answered after we gave up on it (its region stays allocated); the other members still
@@ -141,6 +146,7 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& op : queue_) ops.push_back(op);
   for (auto& op : p2p_) ops.push_back(op);
   for (auto& op : fast_) ops.push_back(op);
+  if (share_wait_ && share_wait_->inf.op) ops.push_back(share_wait_->inf.op);
   for (auto& op : ops) {
     if (op->done()) continue;  // a fast-path op whose answer is still due
     if (op->status_ == Status::Ok) {
@@ -154,6 +160,9 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& op : queue_) callbacks.released.push_back(std::move(op));
   for (auto& op : p2p_) callbacks.released.push_back(std::move(op));
   for (auto& op : fast_) callbacks.released.push_back(std::move(op));
+  if (share_wait_) callbacks.released.push_back(std::move(share_wait_->inf.op));
+  share_wait_.reset();
+  share_waiting_.store(false, std::memory_order_release);
   queue_.clear();
   p2p_.clear();
   fast_.clear();
@@ -223,7 +232,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
   Deferred callbacks;
   std::uint64_t wakes = 0;  // copier fences seen passed as of the last progress step
   const auto ready = [&] {
-    return op.done() || !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
+    return op.done() || completions_ready() || waker_->count.load(std::memory_order_acquire) != wakes ||
            copies_in_finished() || held_regions_free() || fast_ready();
   };
   while (!op.done()) {
@@ -312,7 +321,7 @@ void ClientImpl::progress_thread() {
       if (t_client_destroyed_here) return;
       if (!idle) {
         const auto ready = [&] {
-          return !slot_.completions.empty() || waker_->count.load(std::memory_order_acquire) != wakes ||
+          return completions_ready() || waker_->count.load(std::memory_order_acquire) != wakes ||
                  (copies_due && copies_in_finished()) || held_regions_free() || fast_ready();
         };
         ipc::spin_then_wait(slot_.client_bell, ready, Clock::now() + kSlice,

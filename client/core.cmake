@@ -5,6 +5,7 @@ add_library(smddp_client
   ${CMAKE_CURRENT_LIST_DIR}/completions.cpp
   ${CMAKE_CURRENT_LIST_DIR}/op_order.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arena_reads.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/arena_shares.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_fast.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_fast_path.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arena_allocator.cpp

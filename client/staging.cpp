@@ -45,8 +45,8 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
     return r;
   };
   StagingCopier* copier = p.copier.get();
-  // What this client copies out itself may come straight from the members' arenas.
-  if (!copier && !p.unchunked && ipc::reads_sources(p.base.op)) d.flags |= ipc::kFlagReadSources;
+  // What this client copies out (or reduces) itself may come straight from the members' arenas.
+  if (!copier && !p.unchunked && ipc::reads_arenas(p.base.op)) d.flags |= ipc::kFlagReadSources;
   bool copied_in = false;
   // `from`: bytes into the caller's input.
   const auto copy_in = [&](std::byte* to, std::uint64_t from, std::uint64_t len) {

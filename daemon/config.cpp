@@ -50,6 +50,11 @@ const std::map<std::string, Setter>& keys() {
          if (v == "off") c.direct_read_min_bytes = std::nullopt;
          else c.direct_read_min_bytes = static_cast<std::uint64_t>(parse_int(key, v, 0, 1 << 22)) << 10;
        }},
+      {"daemon.split_reduce_min_kib",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         if (v == "off") c.split_reduce_min_bytes = std::nullopt;
+         else c.split_reduce_min_bytes = static_cast<std::uint64_t>(parse_int(key, v, 0, 1 << 22)) << 10;
+       }},
       {"daemon.host_fast_kib",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.host_fast_bytes = static_cast<std::uint64_t>(parse_int(key, v, 0, 1024)) << 10;

@@ -6,6 +6,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/worker_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_executor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arena_sources.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/rank_reads.cpp
   ${CMAKE_CURRENT_LIST_DIR}/supervisor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/job_cleanup.cpp
   ${CMAKE_CURRENT_LIST_DIR}/reserved_port.cpp

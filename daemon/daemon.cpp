@@ -24,15 +24,14 @@ using ipc::Status;
 
 std::atomic<int> Daemon::stop_signal_{0};
 
-namespace {
-
-// Addresses `c` to the request `p` posted, as an answer of `kind`.
-void address(ipc::CompletionDesc& c, const Posted& p, ipc::CompletionKind kind) {
+void Daemon::address(ipc::CompletionDesc& c, const Posted& p, ipc::CompletionKind kind) {
   c.request_id = p.desc.request_id;
   c.comm_id = p.desc.comm_id;
   c.seq = p.desc.seq;
   c.kind = kind;
 }
+
+namespace {
 
 constexpr auto kHousekeepingEvery = std::chrono::milliseconds(50);
 constexpr auto kIdleSleep = std::chrono::microseconds(100000);
@@ -507,7 +506,7 @@ void Daemon::resolve(std::vector<Match> matches) {
       m.status = Status::Mismatch;
       m.error = *err;
     }
-    if (m.status == Status::Ok && m.comm && send_sources(m)) continue;
+    if (m.status == Status::Ok && m.comm && (send_sources(m) || send_shares(m))) continue;
     if (m.status == Status::Ok && m.comm && m.posted.front().desc.op != OpType::CommCreate) {
       std::uint64_t bytes = 0;
       std::optional<std::string> err;
@@ -719,44 +718,6 @@ std::optional<std::string> Daemon::send_plans(const Match& m) {
   return std::nullopt;
 }
 
-bool Daemon::send_sources(const Match& m) {
-  if (!config_.direct_read_min_bytes) return false;
-  const auto sources = arena_sources(m, *config_.direct_read_min_bytes);
-  if (!sources) return false;
-  ++collectives_done_;
-  ++direct_read_ops_;
-  // Every member's copy of this chunk, numbered in its own count: a member's region is free
-  // again once every reader's count reached its number.
-  std::vector<ipc::SourceReader> readers;
-  for (const auto& p : m.posted) {
-    if (sources_sent_.size() <= static_cast<std::size_t>(p.slot)) sources_sent_.resize(static_cast<std::size_t>(p.slot) + 1);
-    ipc::SourceReader x;
-    x.slot = p.slot;
-    x.seq = ++sources_sent_[static_cast<std::size_t>(p.slot)];
-    readers.push_back(x);
-  }
-  for (std::size_t r = 0; r < m.posted.size(); ++r) {
-    const Posted& p = m.posted[r];
-    const auto& mine = (*sources)[r];
-    ipc::CompletionDesc c;
-    address(c, p, ipc::CompletionKind::Sources);
-    ipc::SourcesHeader h;
-    h.count = static_cast<std::uint32_t>(mine.size());
-    h.readers = static_cast<std::uint32_t>(readers.size());
-    c.set_sources_header(h);
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      c.set_source(i, mine[i]);
-      bytes_moved_ += mine[i].bytes;
-      bw_window_bytes_ += mine[i].bytes;
-    }
-    for (std::size_t i = 0; i < readers.size(); ++i) c.set_source_reader(mine.size(), i, readers[i]);
-    auto& info = ranks_[static_cast<std::size_t>(p.slot)];
-    if (info.pending) --info.pending;
-    if (!push_completion(p.slot, c)) break;  // the job failed
-  }
-  return true;
-}
-
 bool Daemon::push_completion(int slot_index, const ipc::CompletionDesc& c) {
   auto& slot = segment_.slot(slot_index);
   // Handles completions come on top of one completion per request; a rank with a full ring
@@ -891,13 +852,16 @@ void Daemon::housekeeping(Clock::time_point now) {
   }
   std::vector<StallInfo> new_stalls;
   resolve(matcher_.expire(now, config_.stall_warning, new_stalls));
+  watch_shares(now, new_stalls);
   if (engine_)
     for (auto& s : engine_->stalls(now, config_.stall_warning, true)) new_stalls.push_back(std::move(s));
   if (engine_) {
     // This node's late ranks, for the other nodes' timeouts to name (Engine::set_stall_note).
     std::string note;
     double longest = 0;
-    for (const auto& st : matcher_.stalls(now, config_.stall_warning)) {
+    auto late_here = matcher_.stalls(now, config_.stall_warning);
+    for (auto& s : share_stalls(now)) late_here.push_back(std::move(s));
+    for (const auto& st : late_here) {
       std::string late;
       for (int g : st.missing_global_ranks)
         if (g / layout_.nproc_per_node == layout_.node_id) late += (late.empty() ? "" : " ") + std::to_string(g);

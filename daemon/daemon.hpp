@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -136,6 +137,28 @@ class Daemon {
   // Sources completions sent to each slot: the n-th is done once its sources_done reaches n.
   std::vector<std::uint64_t> sources_sent_;
   std::uint64_t sources_behind() const;  // Sources sent to live ranks that they have not copied yet
+  // Host reductions within a node (daemon/rank_reads.cpp): answers every member with its
+  // share to reduce (ipc::CompletionKind::Shares). False when `m` runs the usual way instead.
+  bool send_shares(const Match& m);
+  std::uint64_t split_reduce_ops_ = 0;      // chunks the ranks reduced among themselves
+  std::vector<std::uint64_t> shares_sent_;  // Shares completions sent to each slot
+  // A member's share of a chunk that the others wait for, until its shares_reduced reaches mark.
+  struct ShareDue {
+    int slot;
+    std::uint64_t mark;
+    std::uint64_t comm_id, seq;
+    ipc::OpType op;
+    Clock::time_point since;
+    bool warned = false;
+  };
+  std::deque<ShareDue> shares_due_;
+  // Drops the shares reduced; those late past the stall warning go to `new_stalls` once.
+  void watch_shares(Clock::time_point now, std::vector<StallInfo>& new_stalls);
+  std::vector<StallInfo> share_stalls(Clock::time_point now) const;  // late shares now, for status
+  static std::vector<StallInfo> merge_stalls(std::vector<StallInfo> stalls);  // one per operation
+  std::uint64_t shares_behind() const;  // shares live ranks were sent and have not reduced yet
+  // Addresses `c` to the request `p` posted, as an answer of `kind`.
+  static void address(ipc::CompletionDesc& c, const Posted& p, ipc::CompletionKind kind);
   // Which IPC handle each receiving slot was last sent for (owner slot, allocation id).
   std::map<std::tuple<int, int, std::uint64_t>, std::array<std::uint8_t, ipc::kCudaIpcHandleBytes>> handles_sent_;
   // Reads the allocations `slot` freed (RankSlot::released_ids): each receiver that was sent

@@ -55,6 +55,7 @@ void Daemon::update_status(Clock::time_point now) {
   }
   nlohmann::json stalls = nlohmann::json::array();
   auto all_stalls = matcher_.stalls(now, config_.stall_warning);
+  for (auto& s : share_stalls(now)) all_stalls.push_back(std::move(s));
   if (engine_)
     for (auto& s : engine_->stalls(now, config_.stall_warning, false)) all_stalls.push_back(std::move(s));
   for (const auto& s : all_stalls)
@@ -87,6 +88,9 @@ void Daemon::update_status(Clock::time_point now) {
              // Host chunks whose ranks copied their outputs from the members' arenas, and the
              // copies the live ranks were sent but have not made yet (regions still held).
              {"direct_reads", {{"chunks", direct_read_ops_}, {"copies_behind", sources_behind()}}},
+             // Host reduction chunks whose ranks each reduced a share from the members' arenas,
+             // and the shares the live ranks were sent but have not reduced yet.
+             {"split_reductions", {{"chunks", split_reduce_ops_}, {"shares_behind", shares_behind()}}},
              // Small host collectives the ranks ran among themselves (ipc::kFlagHostFast).
              {"host_fast_path",
               {{"cell_bytes", config_.host_fast_bytes},

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <utility>
 #include <type_traits>
 
 #include "ipc/types.hpp"
@@ -69,11 +70,12 @@ inline constexpr std::uint32_t kFlagRankFast = 1u << 8;
 // The fast-op number of a rank whose fast path is off after a failure: a match with it fails,
 // which makes the other members release their kernels and stop taking the path too.
 inline constexpr std::uint64_t kFastSeqOff = ~std::uint64_t{0};
-// Host path: this rank can copy its part of the output from the members' arenas itself
-// (CompletionKind::Sources) instead of from its own output region after the daemon's copies.
-// The daemon answers so when every member of the chunk set it and the collective only moves
-// bytes (allgather, broadcast, gather, scatter, even alltoall) within one node; otherwise it
-// ignores the flag.
+// Host path: this rank can read the members' arenas itself. For a collective that only moves
+// bytes (allgather, broadcast, gather, scatter, even alltoall) it copies its part of the output
+// from them (CompletionKind::Sources) instead of from its own output region after the daemon's
+// copies; for a reducing one (allreduce, reduce, reduce-scatter) it reduces its share of the
+// chunk from them and copies the others' shares (CompletionKind::Shares). The daemon answers
+// so when every member of the chunk set it, within one node; otherwise it ignores the flag.
 inline constexpr std::uint32_t kFlagReadSources = 1u << 9;
 // GPU path, rank-side execution (with kFlagRankExec) in a group that spans nodes: the daemon
 // answers the members on this node with a plan of them alone. The ranks run their in-node part
@@ -130,6 +132,8 @@ enum class CompletionKind : std::uint8_t {
   Plan = 2,     // final, status Ok: the members' buffers (PlanHeader, PlanMember[])
   Sources = 3,  // final, status Ok (kFlagReadSources): copy the output blocks from the members'
                 // arenas (SourcesHeader, ArenaSource[] in output-block order, SourceReader[])
+  Shares = 4,   // final, status Ok (kFlagReadSources, a reduction): reduce this rank's share
+                // from the members' arenas, then copy the others' (SharesHeader, see there)
 };
 
 // A Sources completion's payload, in its error bytes. The receiver copies the blocks, then bumps
@@ -153,6 +157,39 @@ struct SourceReader {
 // Every member reads (allgather, alltoall) or is read (gather): n sources and n readers.
 inline constexpr std::size_t kMaxSourceMembers =
     (kErrorTextBytes - sizeof(SourcesHeader)) / (sizeof(ArenaSource) + sizeof(SourceReader));
+
+// A Shares completion's payload, in its error bytes: SharesHeader, then per member by group
+// rank its input region of the chunk (ArenaSource[members]), its number as a reader
+// (SourceReader[members], as for Sources) and the mark of its share (SourceReader[members]:
+// its share is reduced once its RankSlot::shares_reduced >= seq).
+// - allreduce and reduce: member r reduces elements share_range(count, members, r) of every
+//   input into its own input region (in place), bumps shares_reduced, then copies every share
+//   into its output once its owner's mark is there (reduce: only the root).
+// - reduce-scatter: each input holds `members` blocks of `count`; member r reduces block r of
+//   every input straight into its output.
+// The rank then bumps sources_done; its region stays the others' until they are all done.
+struct SharesHeader {
+  std::uint32_t members = 0;
+  std::uint32_t me = 0;     // the receiver's group rank
+  std::uint64_t count = 0;  // elements of the chunk (of one block)
+  double scale = 1.0;       // PREMUL_SUM factor
+  std::int32_t root = 0;    // reduce: the group rank that copies the shares
+  OpType op = OpType::AllReduce;
+  DType dtype = DType::Float32;
+  ReduceOp reduce_op = ReduceOp::Sum;
+  std::uint8_t reserved = 0;
+};
+inline constexpr std::size_t kMaxShareMembers =
+    (kErrorTextBytes - sizeof(SharesHeader)) / (sizeof(ArenaSource) + 2 * sizeof(SourceReader));
+// Member r's share of `count` elements split `members` ways: [first, second). Whole 64-element
+// runs (cache lines unshared between writers), so late members may get nothing.
+constexpr std::pair<std::uint64_t, std::uint64_t> share_range(std::uint64_t count, std::uint32_t members,
+                                                              std::uint32_t r) noexcept {
+  std::uint64_t per = members ? (count + members - 1) / members : count;
+  per = (per + 63) / 64 * 64;
+  const std::uint64_t lo = per * r < count ? per * r : count;
+  return {lo, lo + per < count ? lo + per : count};
+}
 
 // Rank-side plans live in the completion's error bytes (unused on success).
 inline constexpr int kPlanMaxMembers = 8;
@@ -260,6 +297,27 @@ struct CompletionDesc {
   void set_source_reader(std::size_t sources, std::size_t i, const SourceReader& x) noexcept {
     std::memcpy(error + sizeof(SourcesHeader) + sources * sizeof(ArenaSource) + i * sizeof x, &x, sizeof x);
   }
+  SharesHeader shares_header() const noexcept {
+    SharesHeader h;
+    std::memcpy(&h, error, sizeof h);
+    return h;
+  }
+  void set_shares_header(const SharesHeader& h) noexcept { std::memcpy(error, &h, sizeof h); }
+  // Member i's input, its number as a reader, and its share's mark, of `members`.
+  ArenaSource share_input(std::size_t i) const noexcept { return at<ArenaSource>(sizeof(SharesHeader) + i * sizeof(ArenaSource)); }
+  void set_share_input(std::size_t i, const ArenaSource& x) noexcept { put(sizeof(SharesHeader) + i * sizeof x, x); }
+  SourceReader share_reader(std::size_t members, std::size_t i) const noexcept {
+    return at<SourceReader>(share_readers_at(members) + i * sizeof(SourceReader));
+  }
+  void set_share_reader(std::size_t members, std::size_t i, const SourceReader& x) noexcept {
+    put(share_readers_at(members) + i * sizeof x, x);
+  }
+  SourceReader share_mark(std::size_t members, std::size_t i) const noexcept {
+    return at<SourceReader>(share_readers_at(members) + (members + i) * sizeof(SourceReader));
+  }
+  void set_share_mark(std::size_t members, std::size_t i, const SourceReader& x) noexcept {
+    put(share_readers_at(members) + (members + i) * sizeof x, x);
+  }
   PlanHandle plan_handle(int i) const noexcept {
     PlanHandle h;
     std::memcpy(&h, error + sizeof(PlanHeader) + static_cast<std::size_t>(i) * sizeof h, sizeof h);
@@ -267,6 +325,21 @@ struct CompletionDesc {
   }
   void set_plan_handle(int i, const PlanHandle& h) noexcept {
     std::memcpy(error + sizeof(PlanHeader) + static_cast<std::size_t>(i) * sizeof h, &h, sizeof h);
+  }
+
+ private:
+  static constexpr std::size_t share_readers_at(std::size_t members) noexcept {
+    return sizeof(SharesHeader) + members * sizeof(ArenaSource);
+  }
+  template <class T>
+  T at(std::size_t offset) const noexcept {
+    T x;
+    std::memcpy(&x, error + offset, sizeof x);
+    return x;
+  }
+  template <class T>
+  void put(std::size_t offset, const T& x) noexcept {
+    std::memcpy(error + offset, &x, sizeof x);
   }
 };
 

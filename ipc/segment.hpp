@@ -28,10 +28,10 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 8;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+inline constexpr std::uint32_t kLayoutVersion = 9;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
                                                     // 5: released allocations; 6: reads from the members' arenas;
                                                     // 7: hierarchical GPU operations, staged bytes;
-                                                    // 8: the host fast path's cells
+                                                    // 8: the host fast path's cells; 9: shares reduced by the ranks
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -158,6 +158,10 @@ struct RankSlot {
   // reader that bumps its sources_done then rings this rank's bell (and only then: a ring
   // would wake a sleeping rank for nothing).
   std::atomic<std::uint32_t> waits_for_readers{0};
+  // Rank -> its peers: how many Shares completions (CompletionKind::Shares) this rank has
+  // reduced its share of, in ring order. A member copies the others' shares of a chunk once
+  // each one's count reached the number the daemon gave it (the daemon shows a late one).
+  alignas(64) std::atomic<std::uint64_t> shares_reduced{0};
   // The host fast path: per lane, the last fast-op number this rank finished reading (the
   // others may then write over their cells of it). Written by this rank only.
   FastDone fast_done[kFastLanes];

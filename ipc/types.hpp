@@ -103,6 +103,10 @@ constexpr bool reads_sources(OpType op) noexcept {
   return op == OpType::AllGather || op == OpType::Broadcast || op == OpType::Gather || op == OpType::Scatter ||
          op == OpType::AllToAll;
 }
+// Host collectives whose ranks may read the members' arenas themselves within a node
+// (kFlagReadSources): those that only move bytes copy their outputs from them, the reducing
+// ones each reduce a share of the chunk there and copy the others' shares.
+constexpr bool reads_arenas(OpType op) noexcept { return reads_sources(op) || reduces(op); }
 
 // Whether `op` is defined for `t` (bitwise ops only for integers and bool; PREMUL_SUM and AVG
 // only for floating types, as NCCL).

@@ -180,8 +180,8 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
   if ((r.flags & kFlagDeviceFlags) && !(r.flags & kFlagStreamValue)) return bad("device flags without stream flags");
   if ((r.flags & kFlagDaemonCpuWait) && (!(r.flags & kFlagStreamValue) || (r.flags & kFlagDeviceFlags)))
     return bad("a CPU-side wait needs stream flags in host memory");
-  if ((r.flags & kFlagReadSources) && (device || !reads_sources(r.op) || (r.flags & kFlagSplits)))
-    return bad("only host collectives that move bytes (no split tables) read the members' arenas");
+  if ((r.flags & kFlagReadSources) && (device || !reads_arenas(r.op) || (r.flags & kFlagSplits)))
+    return bad("only host collectives that move bytes (no split tables) or reduce read the members' arenas");
   if (r.flags & kFlagRankExec) {
     // An uneven AllToAll member that sends and receives nothing has no buffers at all, yet
     // runs the plan's barriers with the others. Any other request without CUDA buffers is

@@ -283,6 +283,11 @@ std::string format_status_text(const json& status) {
   if (const json* dr = field(status, "direct_reads"); dr && dr->is_object() && number(*dr, "chunks").value_or(0) > 0)
     out << "  direct reads:  " << text(*dr, "chunks") << " host chunks copied by the ranks from the members' arenas, "
         << text(*dr, "copies_behind") << " copies behind\n";
+  if (const json* sr = field(status, "split_reductions");
+      sr && sr->is_object() && number(*sr, "chunks").value_or(0) > 0)
+    out << "  split reductions: " << text(*sr, "chunks")
+        << " host chunks reduced by the ranks, a share each, from the members' arenas; " << text(*sr, "shares_behind")
+        << " shares behind\n";
   if (const json* hf = field(status, "host_fast_path"); hf && hf->is_object() && number(*hf, "operations").value_or(0) > 0)
     out << "  host fast path: " << text(*hf, "operations") << " small host collectives run by the ranks among themselves ("
         << text(*hf, "communicators") << " communicators with a lane)\n";
@@ -421,6 +426,12 @@ std::string format_prometheus(const std::vector<NodeStatus>& nodes) {
   scalar("smddp_direct_read_copies_behind", "gauge",
          "Copies from the members' arenas the ranks were sent and have not made yet.",
          nested("direct_reads", "copies_behind"));
+  scalar("smddp_split_reduce_chunks_total", "counter",
+         "Host reduction chunks whose ranks each reduced a share straight from the members' arenas.",
+         nested("split_reductions", "chunks"));
+  scalar("smddp_split_reduce_shares_behind", "gauge",
+         "Shares of host reductions the ranks were sent and have not reduced yet.",
+         nested("split_reductions", "shares_behind"));
   scalar("smddp_internode_operations_in_flight", "gauge", "Operations across nodes in flight on this node.",
          nested("internode", "operations_in_flight"));
   scalar("smddp_internode_staging_bytes_kept", "gauge",

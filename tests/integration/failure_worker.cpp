@@ -11,8 +11,13 @@
 //                     operation took ("RESULT" and "P2P" lines), then all run one more allreduce
 //   --mode stuck      rank --victim writes its pid to DIR/victim.pid and sleeps (to be killed);
 //                     the others wait in an allreduce and report how their wait ended
+//   --mode share-stop every rank calls a 1 MiB allreduce (its ranks each reduce a share of it)
+//                     with a --seconds timeout: rank --victim first, then it writes its pid to
+//                     DIR/victim.pid and stops itself (SIGSTOP); the others once DIR/go exists
+//                     (the test makes it once the victim stopped), and report how their wait ended
 // Each rank prints "RESULT <rank> <unix time of the error> <message>" when an operation
 // fails, and exits 1 after a failure (as an uncaught exception would), 0 otherwise.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -113,6 +118,29 @@ int main(int argc, char** argv) {
     }
     try {
       world->allreduce(buf.data(), buf.data(), buf.size(), DType::Float32, ReduceOp::Sum)->wait();
+      std::printf("RESULT %d %.3f no error\n", me, unix_now());
+      return 0;
+    } catch (const Error& e) {
+      std::printf("RESULT %d %.3f %s\n", me, unix_now(), e.what());
+      std::fflush(stdout);
+      return 1;
+    }
+  }
+  if (mode == "share-stop") {
+    std::vector<float> big(1 << 18, 1.0f);
+    world->set_default_timeout(std::chrono::seconds(seconds));
+    if (me == victim) {
+      // Posted first: the match, and every member's share, come only once it has stopped.
+      auto work = world->allreduce(big.data(), big.data(), big.size(), DType::Float32, ReduceOp::Sum);
+      std::ofstream(dir + "/victim.pid") << getpid() << "\n";
+      ::raise(SIGSTOP);
+      return 0;
+    }
+    while (!std::ifstream(dir + "/go")) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    auto work = world->allreduce(big.data(), big.data(), big.size(), DType::Float32, ReduceOp::Sum);
+    std::ofstream(dir + "/ready." + std::to_string(me)) << getpid() << "\n";
+    try {
+      work->wait();
       std::printf("RESULT %d %.3f no error\n", me, unix_now());
       return 0;
     } catch (const Error& e) {

@@ -50,6 +50,65 @@ def test_mismatch_between_the_fast_path_and_the_daemon_path(job):
     assert len(re.findall(r"^AFTER \d 3$", r.stdout, re.M)) == 3, r.stdout[-3000:]
 
 
+def start_share_stop(job, timeout_s):
+    """Three ranks call a large allreduce, whose ranks each reduce a share; rank 2 posts it and stops
+    itself (SIGSTOP), and only then do the others post it. Returns the launcher and rank 2's pid."""
+    proc = job.start(3, "failure_worker", "--mode", "share-stop", "--victim", 2, "--dir", job.dir,
+                     "--seconds", timeout_s, extra=("--set", "daemon.stall_warning_s=1"))
+    try:
+        wait_for_files([job.dir / "victim.pid"])
+        victim = int((job.dir / "victim.pid").read_text())
+        deadline = time.time() + 30
+        while time.time() < deadline and open(f"/proc/{victim}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+            time.sleep(0.01)
+        (job.dir / "go").touch()  # the others post only now: rank 2 cannot reduce its share
+        wait_for_files([job.dir / "ready.0", job.dir / "ready.1"])
+    except (AssertionError, OSError):
+        proc.kill()
+        raise
+    return proc, victim
+
+
+def test_a_rank_that_never_reduces_its_share_is_named_at_the_timeout(job):
+    proc, victim = start_share_stop(job, 4)
+    started = time.time()
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode != 0
+    res = results(out)
+    assert sorted(res) == [0, 1], out[-3000:]
+    for rank, (at, msg) in res.items():
+        assert "rank(s) 2 did not reduce their share" in msg, msg
+        assert 3.0 < at - started < 4.0 + 3.0, (rank, at - started, msg)
+    # The daemon says who the others wait for before their timeout.
+    assert re.search(r"stall: allreduce .* for rank\(s\) 2\b", out), out[-3000:]
+
+
+def test_a_rank_killed_before_it_reduces_its_share_fails_the_others_within_5s(job):
+    proc, victim = start_share_stop(job, 60)
+    try:
+        time.sleep(0.5)  # the others now wait for its share
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    res = results(out)
+    assert sorted(res) == [0, 1], out[-3000:]
+    for rank, (at, msg) in res.items():
+        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
+        assert f"rank 2 (pid {victim})" in msg and "SIGKILL" in msg, msg
+
+
 def check_killed_rank(job, nproc_per_node, extra=()):
     """Runs failure_worker over 4 ranks in all, SIGKILLs rank 2 once the others wait inside
     their allreduce, and checks that ranks 0, 1 and 3 fail within 5 s naming it."""
