@@ -22,10 +22,11 @@ struct DaemonConfig {
   // Host collectives that only move bytes: ranks copy their outputs straight from the members'
   // arenas when one copies at least this much (daemon/arena_sources.hpp); nullopt: never.
   std::optional<std::uint64_t> direct_read_min_bytes = 8ull << 10;
-  // Host reductions within a node: from this many input bytes a chunk (a member's), the ranks
-  // each reduce a share of it from the members' arenas (ipc::CompletionKind::Shares) instead
-  // of the daemon reducing all of it; nullopt: the daemon always reduces.
-  std::optional<std::uint64_t> split_reduce_min_bytes = 32ull << 10;
+  // Host reductions within a node: the ranks each reduce a share of a chunk from the members'
+  // arenas (ipc::CompletionKind::Shares) instead of the daemon reducing all of it, for
+  // reduce-scatter always and for allreduce and reduce from this many input bytes a chunk (a
+  // member's); nullopt: the daemon always reduces.
+  std::optional<std::uint64_t> split_reduce_min_bytes = 256ull << 10;
   // Host collectives whose largest input is at most this many bytes run on the ranks' fast path
   // in groups within one node (ipc::kFlagHostFast): the size of each fast cell; 0: off.
   std::uint64_t host_fast_bytes = 32ull << 10;

@@ -71,7 +71,11 @@ bool Daemon::send_shares(const Match& m) {
   const auto n = static_cast<std::uint32_t>(m.posted.size());
   const std::uint64_t cb = d0.chunk_count * ipc::dtype_size(d0.dtype);
   const std::uint64_t in_bytes = d0.op == OpType::ReduceScatter ? cb * n : cb;
-  if (cb == 0 || in_bytes < *config_.split_reduce_min_bytes) return false;
+  // Members of a reduce-scatter never wait for each other's shares: less work than the
+  // daemon's at every size. Those of an allreduce or a reduce do, which costs more than it
+  // saves on small chunks (measured: docs/performance.md).
+  const std::uint64_t min = d0.op == OpType::ReduceScatter ? 0 : *config_.split_reduce_min_bytes;
+  if (cb == 0 || in_bytes < min) return false;
   ++collectives_done_;
   ++split_reduce_ops_;
   ipc::SharesHeader h;

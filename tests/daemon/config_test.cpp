@@ -92,6 +92,15 @@ TEST(DaemonConfig, FabricEndpointsTakesACountOfOneToSixtyFour) {
   expect_invalid("", {"fabric.endpoints=four"}, {"fabric.endpoints = 'four' is not a whole number"});
 }
 
+TEST(DaemonConfig, SplitReduceBoundTakesKibOrOff) {
+  EXPECT_EQ(DaemonConfig{}.split_reduce_min_bytes, std::optional<std::uint64_t>(256ull << 10));
+  EXPECT_EQ(DaemonConfig::load(kDefaultIni, {}).split_reduce_min_bytes, DaemonConfig{}.split_reduce_min_bytes);
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.split_reduce_min_kib=0"}).split_reduce_min_bytes, std::optional<std::uint64_t>(0));
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.split_reduce_min_kib=off"}).split_reduce_min_bytes, std::nullopt);
+  expect_invalid("", {"daemon.split_reduce_min_kib=-1"}, {"daemon.split_reduce_min_kib"});
+  expect_invalid("", {"daemon.split_reduce_min_kib=never"}, {"daemon.split_reduce_min_kib"});
+}
+
 TEST(DaemonConfig, DirectReadBoundTakesKibOrOff) {
   EXPECT_EQ(DaemonConfig::load("", {"daemon.direct_read_min_kib=0"}).direct_read_min_bytes, std::optional<std::uint64_t>(0));
   EXPECT_EQ(DaemonConfig::load("", {"daemon.direct_read_min_kib=256"}).direct_read_min_bytes,
