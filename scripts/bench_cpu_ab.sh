@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Two smddp settings (or builds) side by side with Open MPI, in alternating rounds, for a noisy
+# machine: each round runs A, then B, then Open MPI over the same sizes, and the report gives
+# per size the median time of the rounds and their range. On 2 cores the same run varies by up
+# to 2x from one minute to the next; alternating keeps the comparison fair.
+#
+#   scripts/bench_cpu_ab.sh --op allreduce --ranks 2 --rounds 5 \
+#       --a "--set daemon.split_reduce_min_kib=0" --b "--set daemon.split_reduce_min_kib=off"
+#   scripts/bench_cpu_ab.sh --op allgather --build-b ../old/build      # the previous build as B
+#
+# Raw lines ("A|B|mpi bytes us") go to RESULTS/OP-Nr.raw, the table to RESULTS/OP-Nr.md.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+
+op=allreduce ranks=2 rounds=5 min=64K max=16M factor=4 iters=100 warmup=10 dtype=float32
+build_a=build build_b=build args_a="" args_b="" results="results/$(date +%F)-cpu-ab"
+usage() {
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  cat <<EOF
+options:
+  --op OP --ranks N --rounds N --min SIZE --max SIZE --factor F --iters N --warmup N --dtype T
+  --build-a DIR --build-b DIR   build trees (both: $build_a)
+  --a STR --b STR               extra smddprun options of A and of B
+  --results DIR                 where the raw lines and the table go ($results)
+EOF
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --op) op="$2"; shift 2 ;;
+    --ranks) ranks="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --min) min="$2"; shift 2 ;;
+    --max) max="$2"; shift 2 ;;
+    --factor) factor="$2"; shift 2 ;;
+    --iters) iters="$2"; shift 2 ;;
+    --warmup) warmup="$2"; shift 2 ;;
+    --dtype) dtype="$2"; shift 2 ;;
+    --build-a) build_a="$2"; shift 2 ;;
+    --build-b) build_b="$2"; shift 2 ;;
+    --a) args_a="$2"; shift 2 ;;
+    --b) args_b="$2"; shift 2 ;;
+    --results) results="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "bench_cpu_ab.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+for b in "$build_a" "$build_b"; do
+  for t in smddprun smddp-bench mpi-bench; do
+    [ -x "$b/bin/$t" ] || { echo "bench_cpu_ab.sh: $b/bin/$t is missing (build it first)" >&2; exit 2; }
+  done
+done
+mkdir -p "$results"
+raw="$results/$op-${ranks}r.raw"
+: >"$raw"
+sweep=(-o "$op" -b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c 0 -d "$dtype")
+# The data lines of an nccl-tests-style report: size in bytes first, time in us sixth.
+keep() { awk -v t="$1" '/^ +[0-9]/ {print t, $1, $6}'; }
+for i in $(seq "$rounds"); do
+  echo "== round $i of $rounds"
+  # shellcheck disable=SC2086  # the extra options are words
+  "$build_a/bin/smddprun" --nproc-per-node "$ranks" $args_a -- "$build_a/bin/smddp-bench" "${sweep[@]}" | keep A >>"$raw"
+  # shellcheck disable=SC2086
+  "$build_b/bin/smddprun" --nproc-per-node "$ranks" $args_b -- "$build_b/bin/smddp-bench" "${sweep[@]}" | keep B >>"$raw"
+  mpirun -np "$ranks" --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
+    --bind-to none --allow-run-as-root "$build_a/bin/mpi-bench" "${sweep[@]}" | keep mpi >>"$raw"
+done
+python3 - "$raw" "$results/$op-${ranks}r.md" "$op" "$ranks" "$rounds" "A: $build_a $args_a" "B: $build_b $args_b" <<'PY'
+import collections, statistics, sys
+raw, md, op, ranks, rounds, a, b = sys.argv[1:]
+t = collections.defaultdict(list)
+for line in open(raw):
+    who, size, us = line.split()
+    t[(who, int(size))].append(float(us))
+def cell(who, s):
+    v = t.get((who, s))
+    return "%.1f (%.0f-%.0f)" % (statistics.median(v), min(v), max(v)) if v else "-"
+def ratio(x, y, s):
+    return "%.2f" % (statistics.median(t[(y, s)]) / statistics.median(t[(x, s)])) if t.get((x, s)) and t.get((y, s)) else "-"
+lines = ["%s, %s ranks, median of %s rounds (range), us per call; ratios: the other's time / A's" % (op, ranks, rounds),
+         "", "- " + a, "- " + b, "",
+         "| bytes | A | B | Open MPI | B/A | MPI/A |", "|---:|---:|---:|---:|---:|---:|"]
+for s in sorted({s for _, s in t}):
+    lines.append("| %d | %s | %s | %s | %s | %s |" % (s, cell("A", s), cell("B", s), cell("mpi", s), ratio("A", "B", s), ratio("A", "mpi", s)))
+open(md, "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
