@@ -155,6 +155,8 @@ class Daemon {
   // Drops the shares reduced; those late past the stall warning go to `new_stalls` once.
   void watch_shares(Clock::time_point now, std::vector<StallInfo>& new_stalls);
   std::vector<StallInfo> share_stalls(Clock::time_point now) const;  // late shares now, for status
+  bool share_settled(const ShareDue& d) const;  // reduced, or its rank left
+  StallInfo stall_of(const ShareDue& d, Clock::time_point now) const;
   static std::vector<StallInfo> merge_stalls(std::vector<StallInfo> stalls);  // one per operation
   std::uint64_t shares_behind() const;  // shares live ranks were sent and have not reduced yet
   // Addresses `c` to the request `p` posted, as an answer of `kind`.

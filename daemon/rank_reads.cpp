@@ -122,34 +122,33 @@ bool Daemon::send_shares(const Match& m) {
   return true;
 }
 
+bool Daemon::share_settled(const ShareDue& d) const {
+  const auto& slot = segment_.slot(d.slot);
+  const auto st = static_cast<ipc::SlotState>(slot.state.load(std::memory_order_acquire));
+  // The rank's own count: trusted for reports only. A rank that left is the failure's news.
+  return slot.shares_reduced.load(std::memory_order_acquire) >= d.mark || st == ipc::SlotState::Exited ||
+         st == ipc::SlotState::Failed;
+}
+
+StallInfo Daemon::stall_of(const ShareDue& d, Clock::time_point now) const {
+  return StallInfo{d.comm_id, d.seq, d.op, std::chrono::duration<double>(now - d.since).count(), {segment_.slot(d.slot).rank}};
+}
+
 void Daemon::watch_shares(Clock::time_point now, std::vector<StallInfo>& new_stalls) {
-  std::erase_if(shares_due_, [&](const ShareDue& d) {
-    const auto st = static_cast<ipc::SlotState>(segment_.slot(d.slot).state.load(std::memory_order_acquire));
-    // The rank's own count: trusted for reports only. A rank that left is the failure's news.
-    return segment_.slot(d.slot).shares_reduced.load(std::memory_order_acquire) >= d.mark ||
-           st == ipc::SlotState::Exited || st == ipc::SlotState::Failed;
-  });
+  std::erase_if(shares_due_, [&](const ShareDue& d) { return share_settled(d); });
   std::vector<StallInfo> fresh;
   for (auto& d : shares_due_) {
     if (d.warned || now - d.since < config_.stall_warning) continue;
     d.warned = true;
-    fresh.push_back(StallInfo{d.comm_id, d.seq, d.op, std::chrono::duration<double>(now - d.since).count(),
-                              {segment_.slot(d.slot).rank}});
+    fresh.push_back(stall_of(d, now));
   }
   for (auto& s : merge_stalls(std::move(fresh))) new_stalls.push_back(std::move(s));
 }
 
 std::vector<StallInfo> Daemon::share_stalls(Clock::time_point now) const {
   std::vector<StallInfo> late;
-  for (const auto& d : shares_due_) {
-    if (now - d.since < config_.stall_warning) continue;
-    const auto st = static_cast<ipc::SlotState>(segment_.slot(d.slot).state.load(std::memory_order_acquire));
-    if (segment_.slot(d.slot).shares_reduced.load(std::memory_order_acquire) >= d.mark ||
-        st == ipc::SlotState::Exited || st == ipc::SlotState::Failed)
-      continue;
-    late.push_back(StallInfo{d.comm_id, d.seq, d.op, std::chrono::duration<double>(now - d.since).count(),
-                             {segment_.slot(d.slot).rank}});
-  }
+  for (const auto& d : shares_due_)
+    if (now - d.since >= config_.stall_warning && !share_settled(d)) late.push_back(stall_of(d, now));
   return merge_stalls(std::move(late));
 }
 

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +56,18 @@ inline void wait_all(const std::vector<client::WorkPtr>& works) {
       ADD_FAILURE() << "rank " << r << ": " << e.what();
     }
   }
+}
+
+// Every member of `members` (indexes into `ranks`) creates communicator `comm_id`, concurrently
+// as ranks would; their handles in member order.
+inline std::vector<client::CommunicatorPtr> create_communicator(const std::vector<std::shared_ptr<client::Client>>& ranks,
+                                                                std::uint64_t comm_id, const std::vector<int>& members) {
+  std::vector<std::future<client::CommunicatorPtr>> made;
+  for (int r : members)
+    made.push_back(std::async(std::launch::async, [&, r] { return ranks[r]->create_communicator(comm_id, members); }));
+  std::vector<client::CommunicatorPtr> out;
+  for (auto& m : made) out.push_back(m.get());
+  return out;
 }
 
 class DaemonThread {

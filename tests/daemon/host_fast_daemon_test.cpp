@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,12 +40,7 @@ struct Job {
   }
   // Every member of `members` creates communicator `comm_id` (concurrently, as ranks would).
   std::vector<CommunicatorPtr> create(std::uint64_t comm_id, const std::vector<int>& members) {
-    std::vector<std::future<CommunicatorPtr>> made;
-    for (int r : members)
-      made.push_back(std::async(std::launch::async, [&, r] { return ranks[r]->create_communicator(comm_id, members); }));
-    std::vector<CommunicatorPtr> out;
-    for (auto& m : made) out.push_back(m.get());
-    return out;
+    return test_daemon::create_communicator(ranks, comm_id, members);
   }
   // The daemon's status once it has matched `fast` fast-path operations (it learns of them late).
   nlohmann::json status_after(std::uint64_t fast) {

@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,12 +53,7 @@ struct Job {
     return c;
   }
   std::vector<CommunicatorPtr> create(std::uint64_t comm_id, const std::vector<int>& members) {
-    std::vector<std::future<CommunicatorPtr>> made;
-    for (int r : members)
-      made.push_back(std::async(std::launch::async, [&, r] { return ranks[r]->create_communicator(comm_id, members); }));
-    std::vector<CommunicatorPtr> out;
-    for (auto& m : made) out.push_back(m.get());
-    return out;
+    return test_daemon::create_communicator(ranks, comm_id, members);
   }
   // The status once every share the ranks were sent is reduced (the counts trail the ops).
   nlohmann::json settled_status() {

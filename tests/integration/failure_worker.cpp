@@ -35,6 +35,18 @@ namespace {
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
+// Waits for `work` and prints how it ended; the exit status a rank then has.
+int report(int me, Work& work) {
+  try {
+    work.wait();
+    std::printf("RESULT %d %.3f no error\n", me, unix_now());
+    return 0;
+  } catch (const Error& e) {
+    std::printf("RESULT %d %.3f %s\n", me, unix_now(), e.what());
+    std::fflush(stdout);
+    return 1;
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -116,15 +128,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::seconds(120));
       return 0;
     }
-    try {
-      world->allreduce(buf.data(), buf.data(), buf.size(), DType::Float32, ReduceOp::Sum)->wait();
-      std::printf("RESULT %d %.3f no error\n", me, unix_now());
-      return 0;
-    } catch (const Error& e) {
-      std::printf("RESULT %d %.3f %s\n", me, unix_now(), e.what());
-      std::fflush(stdout);
-      return 1;
-    }
+    return report(me, *world->allreduce(buf.data(), buf.data(), buf.size(), DType::Float32, ReduceOp::Sum));
   }
   if (mode == "share-stop") {
     std::vector<float> big(1 << 18, 1.0f);
@@ -139,15 +143,7 @@ int main(int argc, char** argv) {
     while (!std::ifstream(dir + "/go")) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     auto work = world->allreduce(big.data(), big.data(), big.size(), DType::Float32, ReduceOp::Sum);
     std::ofstream(dir + "/ready." + std::to_string(me)) << getpid() << "\n";
-    try {
-      work->wait();
-      std::printf("RESULT %d %.3f no error\n", me, unix_now());
-      return 0;
-    } catch (const Error& e) {
-      std::printf("RESULT %d %.3f %s\n", me, unix_now(), e.what());
-      std::fflush(stdout);
-      return 1;
-    }
+    return report(me, *work);
   }
   std::fprintf(stderr, "unknown --mode %s\n", mode.c_str());
   return 2;

@@ -93,20 +93,8 @@ def test_a_rank_that_never_reduces_its_share_is_named_at_the_timeout(job):
 
 def test_a_rank_killed_before_it_reduces_its_share_fails_the_others_within_5s(job):
     proc, victim = start_share_stop(job, 60)
-    try:
-        time.sleep(0.5)  # the others now wait for its share
-        killed_at = time.time()
-        os.kill(victim, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
-    res = results(out)
-    assert sorted(res) == [0, 1], out[-3000:]
-    for rank, (at, msg) in res.items():
-        assert at - killed_at < 5.0, (rank, at - killed_at, msg)
-        assert f"rank 2 (pid {victim})" in msg and "SIGKILL" in msg, msg
+    time.sleep(0.5)  # the others now wait for its share
+    kill_rank_2(proc, victim, [0, 1])
 
 
 def check_killed_rank(job, nproc_per_node, extra=()):
@@ -118,6 +106,15 @@ def check_killed_rank(job, nproc_per_node, extra=()):
         wait_for_files([job.dir / f"ready.{r}" for r in range(4)] + [job.dir / "victim.pid"])
         time.sleep(0.5)  # the others are now inside their allreduce
         victim = int((job.dir / "victim.pid").read_text())
+    except AssertionError:
+        proc.kill()
+        raise
+    kill_rank_2(proc, victim, [0, 1, 3])
+
+
+def kill_rank_2(proc, victim, survivors):
+    """SIGKILLs rank 2 (pid `victim`) and checks that every survivor fails within 5 s naming it."""
+    try:
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
@@ -126,7 +123,7 @@ def check_killed_rank(job, nproc_per_node, extra=()):
             proc.kill()
     assert proc.returncode != 0
     res = results(out)
-    assert sorted(res) == [0, 1, 3], out[-3000:]
+    assert sorted(res) == survivors, out[-3000:]
     for rank, (at, msg) in res.items():
         assert at - killed_at < 5.0, (rank, at - killed_at, msg)
         assert f"rank 2 (pid {victim})" in msg and "SIGKILL" in msg, msg
