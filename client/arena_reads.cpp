@@ -42,28 +42,44 @@ void ClientImpl::sources_copied_locked(const ipc::CompletionDesc& c, std::uint64
   const auto h = c.sources_header();
   const std::uint32_t count = std::min<std::uint32_t>(h.count, ipc::kMaxSourceMembers);
   const std::uint32_t readers = std::min<std::uint32_t>(h.readers, ipc::kMaxSourceMembers);
-  std::vector<int> owners;
-  for (std::uint32_t b = 0; b < count; ++b) owners.push_back(c.source(b).slot);
-  std::vector<ipc::SourceReader> rs;
-  for (std::uint32_t i = 0; i < readers; ++i) rs.push_back(c.source_reader(count, i));
-  reads_done_locked(owners, rs, region);
+  Read r{true, {}, {}, region};
+  for (std::uint32_t b = 0; b < count; ++b) r.owners.push_back(c.source(b).slot);
+  for (std::uint32_t i = 0; i < readers; ++i) r.readers.push_back(c.source_reader(count, i));
+  note_read_locked(std::move(r));
 }
 
-void ClientImpl::reads_done_locked(std::span<const int> owners, std::span<const ipc::SourceReader> readers,
-                                   std::uint64_t region) {
-  // Our reads are done before the count says so. An owner that waits for space hears of it.
-  slot_.sources_done.fetch_add(1, std::memory_order_seq_cst);
-  for (const int owner : owners) {
-    if (owner == local_rank_ || owner < 0 || owner >= local_world_size_) continue;
-    auto& o = segment_.slot(owner);
-    if (o.waits_for_readers.load(std::memory_order_seq_cst)) o.client_bell.ring();
+std::uint64_t ClientImpl::note_read_locked(Read r) {
+  const std::uint64_t number = reads_counted_ + reads_.size();
+  reads_.push_back(std::move(r));
+  count_reads_locked();
+  return number;
+}
+
+void ClientImpl::read_done_locked(std::uint64_t number) {
+  if (number >= reads_counted_ && number - reads_counted_ < reads_.size()) reads_[number - reads_counted_].done = true;
+  count_reads_locked();
+}
+
+void ClientImpl::count_reads_locked() {
+  while (!reads_.empty() && reads_.front().done) {
+    Read& r = reads_.front();
+    // Our reads are done before the count says so. An owner that waits for space hears of it.
+    slot_.sources_done.fetch_add(1, std::memory_order_seq_cst);
+    ++reads_counted_;
+    for (const int owner : r.owners) {
+      if (owner == local_rank_ || owner < 0 || owner >= local_world_size_) continue;
+      auto& o = segment_.slot(owner);
+      if (o.waits_for_readers.load(std::memory_order_seq_cst)) o.client_bell.ring();
+    }
+    if (r.region != kNoRegion) {
+      ReadHeld held{r.region, {}};
+      for (const auto& x : r.readers)
+        if (x.slot >= 0 && x.slot < local_world_size_ && x.slot != local_rank_) held.readers.push_back(x);
+      if (held.readers.empty()) alloc_.free(r.region);
+      else read_held_.push_back(std::move(held));
+    }
+    reads_.pop_front();
   }
-  if (region == kNoRegion) return;
-  ReadHeld held{region, {}};
-  for (const auto& x : readers)
-    if (x.slot >= 0 && x.slot < local_world_size_ && x.slot != local_rank_) held.readers.push_back(x);
-  if (held.readers.empty()) alloc_.free(region);
-  else read_held_.push_back(std::move(held));
 }
 
 bool ClientImpl::readers_done(const ReadHeld& h) const {

@@ -5,12 +5,10 @@
 // others' shares into its output once their marks say they are reduced (a reduce-scatter by the
 // ranks, then the direct-read all-gather).
 //
-// Completions are answered in ring order, so a Shares completion that waits for another
-// member's share holds the ones behind it (share_wait_): the counts in the slot (sources_done,
-// shares_reduced) must move in ring order. No member can wait on a later one: the daemon sends
-// each chunk's completions to all its members before the next chunk's, so a member waits only
-// for shares of chunks that every member was sent earlier, which each reduces as soon as it
-// reads them.
+// A Shares completion whose op waits for another member's share does not hold up the
+// completions behind it; only the count of reads (sources_done) waits for it, since that count
+// runs in ring order (ClientImpl::reads_). Every member reduces its share as soon as it takes
+// the completion, without waiting for anything, so no member can wait for ever on a live one.
 #include <algorithm>
 #include <cstring>
 
@@ -132,8 +130,8 @@ void ClientImpl::copy_shares_locked(OpState& op, const Inflight& inf, const ipc:
   }
 }
 
-bool ClientImpl::start_share_locked(const ipc::CompletionDesc& c, Deferred& callbacks) {
-  ShareWait w{c, Inflight{nullptr, 0, kNoRegion, 0}};
+void ClientImpl::start_share_locked(const ipc::CompletionDesc& c, Deferred& callbacks) {
+  ShareWait w{c, Inflight{nullptr, 0, kNoRegion, 0}, 0};
   if (auto it = inflight_.find(c.request_id); it != inflight_.end()) {
     w.inf = std::move(it->second);
     inflight_.erase(it);
@@ -158,77 +156,85 @@ bool ClientImpl::start_share_locked(const ipc::CompletionDesc& c, Deferred& call
     op->error_ = *why;
     op->next_ = op->nchunks_;  // submit no more of it
   }
-  share_wait_.emplace(std::move(w));
+  // Every member reads this rank's region of the chunk: it is theirs until they are all done.
+  const auto h = c.shares_header();
+  const std::uint32_t n = std::min<std::uint32_t>(h.members, ipc::kMaxShareMembers);
+  Read r{false, {}, {}, w.inf.offset};
+  for (std::uint32_t q = 0; q < n; ++q) {
+    r.owners.push_back(c.share_input(q).slot);
+    r.readers.push_back(c.share_reader(n, q));
+  }
+  w.read = note_read_locked(std::move(r));
+  share_waits_.push_back(std::move(w));
   share_waiting_.store(true, std::memory_order_release);
-  return end_share_locked(callbacks);
+  if (end_share_locked(share_waits_.back(), callbacks)) share_waits_.pop_back();
+  share_waiting_.store(!share_waits_.empty(), std::memory_order_release);
 }
 
-bool ClientImpl::end_share_locked(Deferred& callbacks) {
-  auto& w = *share_wait_;
+bool ClientImpl::share_can_end(const ShareWait& w) const {
+  const OpState* op = w.inf.op.get();
+  if (!op || op->done() || op->status_ != Status::Ok) return true;
+  return look_shares(w.c).kind != ShareLook::Wait || segment_.header().job_failed.load(std::memory_order_acquire) ||
+         Clock::now() >= op->deadline_ - kBackstop;
+}
+
+bool ClientImpl::end_share_locked(ShareWait& w, Deferred& callbacks) {
+  if (!share_can_end(w)) return false;
   OpState* op = w.inf.op.get();
-  const bool wanted = op && !op->done() && op->status_ == Status::Ok;
-  if (wanted) {
+  if (op && !op->done() && op->status_ == Status::Ok) {
     const ShareLook look = look_shares(w.c);
     auto& hdr = segment_.header();
-    const bool job_failed = hdr.job_failed.load(std::memory_order_acquire);
     if (look.kind == ShareLook::Ready) {
       copy_shares_locked(*op, w.inf, w.c);
-    } else if (look.kind == ShareLook::Wait && !job_failed) {
-      // The daemon answered long ago: the op's own timeout is the one to keep (its waits add a
-      // backstop for a daemon that never answers).
-      if (Clock::now() < op->deadline_ - kBackstop) return false;
-      op->status_ = Status::Timeout;
-      op->error_ = late_shares_error(*op, look.late);
-      op->next_ = op->nchunks_;
     } else {
-      op->status_ = Status::PeerFailed;
-      op->error_ = job_failed
-                       ? std::string(hdr.job_error, ::strnlen(hdr.job_error, sizeof hdr.job_error))
-                       : "smddp " + std::string(ipc::to_string(op->plan_.base.op)) + " on communicator " +
-                             std::to_string(op->plan_.base.comm_id) + ": rank " +
-                             std::to_string(segment_.slot(look.late.front()).rank) +
-                             " left before reducing its share of it";
+      // The job failed, a member left, or the op's own timeout passed (the daemon answered long
+      // ago: its waits' backstop for a daemon that never answers is not the one to keep).
       op->next_ = op->nchunks_;
+      if (hdr.job_failed.load(std::memory_order_acquire)) {
+        op->status_ = Status::PeerFailed;
+        op->error_ = std::string(hdr.job_error, ::strnlen(hdr.job_error, sizeof hdr.job_error));
+        if (look.kind == ShareLook::Wait) op->error_ += "; " + waited_for_shares(*op, look.late);
+      } else if (look.kind == ShareLook::Gone) {
+        op->status_ = Status::PeerFailed;
+        op->error_ = "smddp " + std::string(ipc::to_string(op->plan_.base.op)) + " on communicator " +
+                     std::to_string(op->plan_.base.comm_id) + ": rank " +
+                     std::to_string(segment_.slot(look.late.front()).rank) + " left before reducing its share of it";
+      } else {
+        op->status_ = Status::Timeout;
+        op->error_ = waited_for_shares(*op, look.late) + " within the timeout (stopped or stalled?)";
+      }
     }
   }
-  const auto h = w.c.shares_header();
-  std::vector<int> owners;
-  std::vector<ipc::SourceReader> readers;
-  const std::uint32_t n = std::min<std::uint32_t>(h.members, ipc::kMaxShareMembers);
-  for (std::uint32_t q = 0; q < n; ++q) {
-    owners.push_back(w.c.share_input(q).slot);
-    readers.push_back(w.c.share_reader(n, q));
-  }
-  // Our own region is the others' to read until they are all done with the chunk.
-  reads_done_locked(owners, readers, w.inf.offset);
+  read_done_locked(w.read);
   if (op) {
     callbacks.released.push_back(w.inf.op);
     --op->inflight_;
     ++op->finished_;
     if (op->inflight_ == 0 && (op->finished_ == op->nchunks_ || op->status_ != Status::Ok)) finish_locked(*op, callbacks);
   }
-  share_wait_.reset();
-  share_waiting_.store(false, std::memory_order_release);
   return true;
 }
 
-std::string ClientImpl::late_shares_error(const OpState& op, const std::vector<int>& late) const {
+void ClientImpl::end_shares_locked(Deferred& callbacks) {
+  if (share_waits_.empty()) return;
+  std::erase_if(share_waits_, [&](ShareWait& w) { return end_share_locked(w, callbacks); });
+  share_waiting_.store(!share_waits_.empty(), std::memory_order_release);
+}
+
+std::string ClientImpl::waited_for_shares(const OpState& op, const std::vector<int>& late) const {
   std::string who;
   for (int s : late) who += (who.empty() ? "" : " ") + std::to_string(segment_.slot(s).rank);
   return "smddp " + std::string(ipc::to_string(op.plan_.base.op)) + " on communicator " +
          std::to_string(op.plan_.base.comm_id) + " (operation #" + std::to_string(op.plan_.base.seq) +
-         "): rank(s) " + who + " did not reduce their share of it within the timeout (stopped or stalled?)";
+         "): rank(s) " + who + " did not reduce their share of it";
 }
 
 bool ClientImpl::completions_ready() {
-  if (!share_waiting_.load(std::memory_order_acquire)) return !slot_.completions.empty();
+  if (!slot_.completions.empty()) return true;
+  if (!share_waiting_.load(std::memory_order_acquire)) return false;
   std::unique_lock lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return true;  // busy: look under the lock
-  if (!share_wait_) return !slot_.completions.empty();
-  const OpState* op = share_wait_->inf.op.get();
-  if (!op || op->done() || op->status_ != Status::Ok) return true;
-  return look_shares(share_wait_->c).kind != ShareLook::Wait ||
-         segment_.header().job_failed.load(std::memory_order_acquire) || Clock::now() >= op->deadline_ - kBackstop;
+  return std::any_of(share_waits_.begin(), share_waits_.end(), [&](const ShareWait& w) { return share_can_end(w); });
 }
 
 }  // namespace smddp::client

@@ -300,22 +300,36 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // whether they are done (held_regions_free).
   // Copies a Sources completion's blocks into the op's output; an error if they do not fit it.
   std::optional<std::string> copy_sources_locked(OpState& op, const Inflight& inf, const ipc::CompletionDesc& c);
-  // This rank answered Sources completion `c` (copied, or gave up on its op): counts it, wakes
-  // the owners of the regions it read, and holds `region` (kNoRegion: none) for the readers.
+  // This rank answered Sources completion `c` (copied, or gave up on its op): counts it (in ring
+  // order, reads_), and holds `region` (kNoRegion: none) for the readers once counted.
   void sources_copied_locked(const ipc::CompletionDesc& c, std::uint64_t region);
-  // This rank read the members' arenas for one chunk (Sources or Shares): counts it, wakes the
-  // region owners (`owners`, slots) that wait for space, and holds `region` (kNoRegion: none)
-  // for `readers`.
-  void reads_done_locked(std::span<const int> owners, std::span<const ipc::SourceReader> readers, std::uint64_t region);
+  // Reads of the members' arenas for one chunk (a Sources or Shares completion), in ring order.
+  // This rank's sources_done counts them in that order, so a read that is done waits to be
+  // counted until the ones before it are (a Shares completion's, while the others' shares are
+  // not there yet). Once counted, the owners (slots) that wait for space are rung and `region`
+  // is held for `readers`.
+  struct Read {
+    bool done = false;
+    std::vector<int> owners;
+    std::vector<ipc::SourceReader> readers;
+    std::uint64_t region = kNoRegion;
+  };
+  std::deque<Read> reads_;
+  std::uint64_t reads_counted_ = 0;  // reads counted so far: reads_.front() is number reads_counted_
+  // Notes a read in ring order (done or not) and returns its number; counts what it can.
+  std::uint64_t note_read_locked(Read r);
+  void read_done_locked(std::uint64_t number);  // marks it done; counts what it can
+  void count_reads_locked();  // counts the reads at the front that are done
   // Host reductions split among the ranks (arena_shares.cpp). A Shares completion: reduced at
   // once, then answered once the shares this rank copies are there. Until then it waits in
-  // share_wait_ and the completions behind it wait too (ring order).
+  // share_waits_; the completions behind it go on.
   struct ShareWait {
     ipc::CompletionDesc c;
-    Inflight inf;  // inf.op null: its op was given up before the answer came
+    Inflight inf;              // inf.op null: its op was given up before the answer came
+    std::uint64_t read = 0;    // its number in reads_
   };
-  std::optional<ShareWait> share_wait_;
-  std::atomic<bool> share_waiting_{false};  // share_wait_ is set, for waiting threads' looks
+  std::deque<ShareWait> share_waits_;
+  std::atomic<bool> share_waiting_{false};  // share_waits_ is not empty, for waiting threads' looks
   struct ShareLook {
     enum Kind { Ready, Wait, Gone } kind;
     std::vector<int> late;  // Wait: the members whose shares are not there; Gone: the one that left
@@ -328,13 +342,15 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void share_reduced_locked(const ipc::CompletionDesc& c);
   ShareLook look_shares(const ipc::CompletionDesc& c) const;  // the shares this rank copies
   void copy_shares_locked(OpState& op, const Inflight& inf, const ipc::CompletionDesc& c);
-  // Takes a Shares completion; false while it waits for others' shares (share_wait_).
-  bool start_share_locked(const ipc::CompletionDesc& c, Deferred& callbacks);
-  // Answers share_wait_ if it can (copied, failed, or its op given up); false while it waits.
-  bool end_share_locked(Deferred& callbacks);
-  // The error of an op whose timeout passed while it waited for the `late` members' shares.
-  std::string late_shares_error(const OpState& op, const std::vector<int>& late) const;
-  // For waiting threads: whether the completion ring has something this rank can take now.
+  // Takes a Shares completion: reduces this rank's share, then answers it or lets it wait.
+  void start_share_locked(const ipc::CompletionDesc& c, Deferred& callbacks);
+  // Answers `w` if it can (copied, failed, or its op given up); false while it waits.
+  bool end_share_locked(ShareWait& w, Deferred& callbacks);
+  void end_shares_locked(Deferred& callbacks);  // every share wait that can end
+  bool share_can_end(const ShareWait& w) const;  // end_share_locked would end it
+  // The error of an op that failed while it waited for the `late` members' shares.
+  std::string waited_for_shares(const OpState& op, const std::vector<int>& late) const;
+  // For waiting threads: whether there is a completion to take or a share wait that can end.
   bool completions_ready();
   // Whether every reader of `h` is done with it (or gone).
   bool readers_done(const ReadHeld& h) const;

@@ -35,11 +35,11 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
 }
 
 void ClientImpl::complete_locked(Deferred& callbacks) {
-  if (share_wait_ && !end_share_locked(callbacks)) return;  // the completions behind it wait
+  end_shares_locked(callbacks);
   ipc::CompletionDesc c;
   while (slot_.completions.try_pop(c) == ipc::SpscRing<ipc::CompletionDesc, ipc::kCompletionRingCapacity>::PopResult::Item) {
     if (c.kind == ipc::CompletionKind::Shares) {
-      if (!start_share_locked(c, callbacks)) return;
+      start_share_locked(c, callbacks);
       continue;
     }
     auto it = inflight_.find(c.request_id);
@@ -146,7 +146,8 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& op : queue_) ops.push_back(op);
   for (auto& op : p2p_) ops.push_back(op);
   for (auto& op : fast_) ops.push_back(op);
-  if (share_wait_ && share_wait_->inf.op) ops.push_back(share_wait_->inf.op);
+  for (auto& w : share_waits_)
+    if (w.inf.op) ops.push_back(w.inf.op);
   for (auto& op : ops) {
     if (op->done()) continue;  // a fast-path op whose answer is still due
     if (op->status_ == Status::Ok) {
@@ -160,9 +161,10 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& op : queue_) callbacks.released.push_back(std::move(op));
   for (auto& op : p2p_) callbacks.released.push_back(std::move(op));
   for (auto& op : fast_) callbacks.released.push_back(std::move(op));
-  if (share_wait_) callbacks.released.push_back(std::move(share_wait_->inf.op));
-  share_wait_.reset();
+  for (auto& w : share_waits_) callbacks.released.push_back(std::move(w.inf.op));
+  share_waits_.clear();
   share_waiting_.store(false, std::memory_order_release);
+  reads_.clear();
   queue_.clear();
   p2p_.clear();
   fast_.clear();
