@@ -55,6 +55,9 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
       inflight_.erase(it);
       OpState& op = *holder;
       --op.inflight_;
+      // An op whose members' cells are all there completes even when the answer is an error
+      // (the job failed after they all published): its peers may have finished it already.
+      if (!op.done() && c.status != Status::Ok) advance_fast_locked(callbacks);
       if (!op.done() && c.status != Status::Ok) {
         fail_fast_locked(op, c.status, std::string(c.error_text()), callbacks);
       } else if (!op.done() && op.fast_mismatch_) {

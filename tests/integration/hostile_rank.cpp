@@ -103,10 +103,11 @@ int main(int argc, char** argv) {
   auto client = Client::attach(AttachOptions::from_env());
   auto world = client->world();
   const int me = client->rank(), n = client->world_size();
-  world->barrier()->wait();
-  if (me == hostile) attack(mode, *client);
   int done = 0;
   try {
+    // The others may read the job's failure already here (a rank slow to finish the barrier).
+    world->barrier()->wait();
+    if (me == hostile) attack(mode, *client);
     for (; done < 50; ++done) {
       std::vector<float> v(1000 + static_cast<std::size_t>(done), static_cast<float>(me + 1 + done));
       world->allreduce(v.data(), v.data(), v.size(), DType::Float32, ReduceOp::Sum)->wait();
