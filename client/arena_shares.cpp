@@ -165,10 +165,10 @@ void ClientImpl::start_share_locked(const ipc::CompletionDesc& c, Deferred& call
     r.readers.push_back(c.share_reader(n, q));
   }
   w.read = note_read_locked(std::move(r));
+  // A share whose peers have reduced theirs ends at once: only one that must wait is kept.
+  if (end_share_locked(w, callbacks)) return;
   share_waits_.push_back(std::move(w));
   share_waiting_.store(true, std::memory_order_release);
-  if (end_share_locked(share_waits_.back(), callbacks)) share_waits_.pop_back();
-  share_waiting_.store(!share_waits_.empty(), std::memory_order_release);
 }
 
 bool ClientImpl::share_can_end(const ShareWait& w) const {

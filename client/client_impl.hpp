@@ -226,6 +226,9 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
 
   std::string job_id_;
   int rank_, world_size_, local_rank_, local_world_size_, node_id_, num_nodes_, daemon_pid_;
+  // Give the core away between polls while spinning: the node's ranks and its daemon
+  // outnumber the cores (ipc::yield_between_polls).
+  bool yield_between_polls_;
   ipc::Segment segment_;
   ipc::RankSlot& slot_;
   std::span<std::byte> arena_;

@@ -281,7 +281,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
     if (op.done()) break;
     if (Clock::now() >= until) return false;
     ipc::spin_then_wait(slot_.client_bell, ready, std::min(until, op.deadline_), kSpin,
-                        std::chrono::duration_cast<std::chrono::microseconds>(kSlice), [&] {
+                        std::chrono::duration_cast<std::chrono::microseconds>(kSlice), yield_between_polls_, [&] {
                           std::lock_guard lk(mu_);
                           const bool alive = check_liveness_locked(callbacks);
                           // Staged chunks: a copy that faulted never wakes us, so look again
@@ -331,7 +331,8 @@ void ClientImpl::progress_thread() {
         };
         ipc::spin_then_wait(slot_.client_bell, ready, Clock::now() + kSlice,
                             copies_due ? kSpin : std::chrono::microseconds(0),
-                            std::chrono::duration_cast<std::chrono::microseconds>(kSlice), [] { return false; });
+                            std::chrono::duration_cast<std::chrono::microseconds>(kSlice), yield_between_polls_,
+                            [] { return false; });
       }
       lk.lock();
     }

@@ -52,8 +52,9 @@ const std::map<std::string, Setter>& keys() {
        }},
       {"daemon.split_reduce_min_kib",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
-         if (v == "off") c.split_reduce_min_bytes = std::nullopt;
-         else c.split_reduce_min_bytes = static_cast<std::uint64_t>(parse_int(key, v, 0, 1 << 22)) << 10;
+         if (v == "auto") c.split_reduce_min = SplitReduceMin{};
+         else if (v == "off") c.split_reduce_min = SplitReduceMin::fixed(std::nullopt);
+         else c.split_reduce_min = SplitReduceMin::fixed(static_cast<std::uint64_t>(parse_int(key, v, 0, 1 << 22)) << 10);
        }},
       {"daemon.host_fast_kib",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {

@@ -13,6 +13,22 @@
 
 namespace smddp::daemon {
 
+// daemon.split_reduce_min_kib: "auto" (the default), a size, or "off". Auto: 64 KiB when the
+// node's ranks and its daemon have a core each, 256 KiB when they share cores; a member waiting
+// for the others' shares then holds a core they need (measured: docs/performance.md).
+struct SplitReduceMin {
+  static constexpr std::uint64_t kWithCores = 64ull << 10;
+  static constexpr std::uint64_t kSharedCores = 256ull << 10;
+  bool automatic = true;
+  std::optional<std::uint64_t> bytes;  // when not automatic; nullopt: off
+  static SplitReduceMin fixed(std::optional<std::uint64_t> b) { return {false, b}; }
+  std::optional<std::uint64_t> resolve(bool shared_cores) const {
+    if (!automatic) return bytes;
+    return shared_cores ? kSharedCores : kWithCores;
+  }
+  bool operator==(const SplitReduceMin&) const = default;
+};
+
 struct DaemonConfig {
   std::string config_path;  // "" when built-in defaults are used
   std::uint64_t arena_bytes = 32ull << 20;
@@ -25,8 +41,8 @@ struct DaemonConfig {
   // Host reductions within a node: the ranks each reduce a share of a chunk from the members'
   // arenas (ipc::CompletionKind::Shares) instead of the daemon reducing all of it, for
   // reduce-scatter always and for allreduce and reduce from this many input bytes a chunk (a
-  // member's); nullopt: the daemon always reduces.
-  std::optional<std::uint64_t> split_reduce_min_bytes = 256ull << 10;
+  // member's). Off: the daemon always reduces.
+  SplitReduceMin split_reduce_min;
   // Host collectives whose largest input is at most this many bytes run on the ranks' fast path
   // in groups within one node (ipc::kFlagHostFast): the size of each fast cell; 0: off.
   std::uint64_t host_fast_bytes = 32ull << 10;

@@ -88,6 +88,10 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
       host_(segment_, parallelism_of(config_)),
       ranks_(static_cast<std::size_t>(layout_.nproc_per_node)),
       started_(Clock::now()) {
+  spdlog::info("spinning: {} rank(s) and the daemon on {} core(s), {}; host allreduce and reduce split among the ranks {}",
+               layout_.nproc_per_node, ipc::usable_cores(),
+               yield_between_polls_ ? "yielding between polls" : "a core each, no yield",
+               split_reduce_min_ ? "from " + std::to_string(*split_reduce_min_ >> 10) + " KiB a chunk" : std::string("off"));
   if (internode) {
     internode::Engine::Options o;
     o.default_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config_.collective_timeout);
@@ -221,9 +225,10 @@ int Daemon::loop() {
     if (now - last_housekeeping_ >= kHousekeepingEvery) housekeeping(now);
     if (finished(now)) break;
     if (now - last_activity < config_.spin) {
-      // Spin on the rings, yielding after every poll (see ipc::spin_then_wait for why).
+      // Spin on the rings, yielding after every poll when the ranks need our core
+      // (ipc::yield_between_polls).
       ipc::cpu_relax();
-      ::sched_yield();
+      if (yield_between_polls_) ::sched_yield();
       continue;
     }
     auto& bell = segment_.header().daemon_bell;
@@ -231,7 +236,7 @@ int Daemon::loop() {
     if (any_request_waiting()) continue;
     if (gpu_ && gpu_->pending()) {
       // Deferred GPU work waits for a rank's GPU: keep polling its flags.
-      ::sched_yield();
+      if (yield_between_polls_) ::sched_yield();
       continue;
     }
     // Inter-node operations in flight need the transport driven: keep spinning.

@@ -204,6 +204,10 @@ class Daemon {
   std::optional<Clock::time_point> attach_deadline_;
   int exit_code_ = 0;
   std::string job_error_;
+  // The node's ranks and this daemon share cores (ipc::yield_between_polls): spinning yields
+  // between polls, and host reductions split among the ranks only from a larger size.
+  bool yield_between_polls_ = ipc::yield_between_polls(layout_.nproc_per_node + 1);
+  std::optional<std::uint64_t> split_reduce_min_ = config_.split_reduce_min.resolve(yield_between_polls_);
 
   std::uint64_t collectives_done_ = 0;
   std::uint64_t bytes_moved_ = 0;

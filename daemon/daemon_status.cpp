@@ -90,7 +90,13 @@ void Daemon::update_status(Clock::time_point now) {
              {"direct_reads", {{"chunks", direct_read_ops_}, {"copies_behind", sources_behind()}}},
              // Host reduction chunks whose ranks each reduced a share from the members' arenas,
              // and the shares the live ranks were sent but have not reduced yet.
-             {"split_reductions", {{"chunks", split_reduce_ops_}, {"shares_behind", shares_behind()}}},
+             // min_bytes: a member's chunk of an allreduce or reduce from which they split (null: off).
+             {"split_reductions",
+              {{"chunks", split_reduce_ops_},
+               {"shares_behind", shares_behind()},
+               {"min_bytes", split_reduce_min_ ? nlohmann::json(*split_reduce_min_) : nlohmann::json(nullptr)}}},
+             // Waiting threads give their core away between polls: the ranks and the daemon share cores.
+             {"yield_between_polls", yield_between_polls_},
              // Small host collectives the ranks ran among themselves (ipc::kFlagHostFast).
              {"host_fast_path",
               {{"cell_bytes", config_.host_fast_bytes},

@@ -62,7 +62,7 @@ bool Daemon::send_sources(const Match& m) {
 }
 
 bool Daemon::send_shares(const Match& m) {
-  if (!config_.split_reduce_min_bytes || m.posted.size() < 2 || m.posted.size() > ipc::kMaxShareMembers) return false;
+  if (!split_reduce_min_ || m.posted.size() < 2 || m.posted.size() > ipc::kMaxShareMembers) return false;
   const auto& d0 = m.posted.front().desc;
   if (!ipc::reduces(d0.op) || !ipc::reduce_op_supported(d0.reduce_op, d0.dtype)) return false;  // the daemon says why
   if (!std::all_of(m.posted.begin(), m.posted.end(),
@@ -74,7 +74,7 @@ bool Daemon::send_shares(const Match& m) {
   // Members of a reduce-scatter never wait for each other's shares: less work than the
   // daemon's at every size. Those of an allreduce or a reduce do, which costs more than it
   // saves on small chunks (measured: docs/performance.md).
-  const std::uint64_t min = d0.op == OpType::ReduceScatter ? 0 : *config_.split_reduce_min_bytes;
+  const std::uint64_t min = d0.op == OpType::ReduceScatter ? 0 : *split_reduce_min_;
   if (cb == 0 || in_bytes < min) return false;
   ++collectives_done_;
   ++split_reduce_ops_;

@@ -1,9 +1,11 @@
 #include "ipc/doorbell.hpp"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <ctime>
 
@@ -30,5 +32,14 @@ void Doorbell::wait(std::uint32_t ticket, std::chrono::microseconds timeout) noe
   }
   sleepers_.fetch_sub(1, std::memory_order_seq_cst);
 }
+
+int usable_cores() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+bool yield_between_polls(int spinners) noexcept { return spinners > usable_cores(); }
 
 }  // namespace smddp::ipc

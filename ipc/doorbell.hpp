@@ -24,13 +24,23 @@ class Doorbell {
 };
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
-// Spin-then-sleep: polls `ready()` for about `spin` (yielding the core between polls, so an
-// oversubscribed machine still makes progress), then sleeps on `bell` in slices of `slice`
-// until `ready()` or `deadline`. `on_slice()` runs after each sleep (liveness checks); if it
-// returns false the wait ends. Returns whether ready() became true.
+// The cores this process may run on (its affinity mask), at least 1.
+int usable_cores() noexcept;
+
+// Whether a thread that spins should give its core away between polls: yes when the node's
+// spinning processes (its ranks and the daemon: `spinners`) outnumber the cores. On 2 cores
+// with 2 ranks and the daemon the process we wait for needs our core; with a core each, a
+// sched_yield per poll only adds a system call to every wake-up. Open MPI decides the same way
+// (mpi_yield_when_idle follows oversubscription).
+bool yield_between_polls(int spinners) noexcept;
+
+// Spin-then-sleep: polls `ready()` for about `spin` (yielding the core between polls when
+// `yield`, so an oversubscribed machine still makes progress), then sleeps on `bell` in slices
+// of `slice` until `ready()` or `deadline`. `on_slice()` runs after each sleep (liveness
+// checks); if it returns false the wait ends. Returns whether ready() became true.
 template <class Ready, class OnSlice>
 bool spin_then_wait(Doorbell& bell, Ready&& ready, std::chrono::steady_clock::time_point deadline,
-                    std::chrono::microseconds spin, std::chrono::microseconds slice,
+                    std::chrono::microseconds spin, std::chrono::microseconds slice, bool yield,
                     OnSlice&& on_slice);
 
 }  // namespace smddp::ipc

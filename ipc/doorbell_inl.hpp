@@ -16,19 +16,19 @@ inline void cpu_relax() noexcept {
 
 template <class Ready, class OnSlice>
 bool spin_then_wait(Doorbell& bell, Ready&& ready, std::chrono::steady_clock::time_point deadline,
-                    std::chrono::microseconds spin, std::chrono::microseconds slice,
+                    std::chrono::microseconds spin, std::chrono::microseconds slice, bool yield,
                     OnSlice&& on_slice) {
   using clock = std::chrono::steady_clock;
   if (ready()) return true;
   const auto spin_end = clock::now() + spin;
-  // Yield after every poll: with more spinning threads than cores (2 ranks and the daemon on
-  // 2 cores) the thread we wait for needs our core. Measured for an 8 B allreduce with 2 ranks:
-  // 21 us yielding every poll, 26-28 us yielding every 16-32 polls.
+  // Yield after every poll when oversubscribed (yield_between_polls): the thread we wait for
+  // needs our core. Measured for an 8 B allreduce with 2 ranks on 2 cores: 21 us yielding
+  // every poll, 26-28 us yielding every 16-32 polls.
   for (;;) {
     if (ready()) return true;
     cpu_relax();
     if (clock::now() >= spin_end) break;
-    ::sched_yield();
+    if (yield) ::sched_yield();
   }
   for (;;) {
     const std::uint32_t t = bell.ticket();

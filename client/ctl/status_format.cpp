@@ -284,10 +284,13 @@ std::string format_status_text(const json& status) {
     out << "  direct reads:  " << text(*dr, "chunks") << " host chunks copied by the ranks from the members' arenas, "
         << text(*dr, "copies_behind") << " copies behind\n";
   if (const json* sr = field(status, "split_reductions");
-      sr && sr->is_object() && number(*sr, "chunks").value_or(0) > 0)
+      sr && sr->is_object() && number(*sr, "chunks").value_or(0) > 0) {
     out << "  split reductions: " << text(*sr, "chunks")
-        << " host chunks reduced by the ranks, a share each, from the members' arenas; " << text(*sr, "shares_behind")
-        << " shares behind\n";
+        << " host chunks reduced by the ranks, a share each, from the members' arenas";
+    if (const auto min = number(*sr, "min_bytes"))
+      out << " (allreduce and reduce from " << static_cast<std::uint64_t>(*min) / 1024 << " KiB a chunk)";
+    out << "; " << text(*sr, "shares_behind") << " shares behind\n";
+  }
   if (const json* hf = field(status, "host_fast_path"); hf && hf->is_object() && number(*hf, "operations").value_or(0) > 0)
     out << "  host fast path: " << text(*hf, "operations") << " small host collectives run by the ranks among themselves ("
         << text(*hf, "communicators") << " communicators with a lane)\n";

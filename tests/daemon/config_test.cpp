@@ -92,11 +92,18 @@ TEST(DaemonConfig, FabricEndpointsTakesACountOfOneToSixtyFour) {
   expect_invalid("", {"fabric.endpoints=four"}, {"fabric.endpoints = 'four' is not a whole number"});
 }
 
-TEST(DaemonConfig, SplitReduceBoundTakesKibOrOff) {
-  EXPECT_EQ(DaemonConfig{}.split_reduce_min_bytes, std::optional<std::uint64_t>(256ull << 10));
-  EXPECT_EQ(DaemonConfig::load(kDefaultIni, {}).split_reduce_min_bytes, DaemonConfig{}.split_reduce_min_bytes);
-  EXPECT_EQ(DaemonConfig::load("", {"daemon.split_reduce_min_kib=0"}).split_reduce_min_bytes, std::optional<std::uint64_t>(0));
-  EXPECT_EQ(DaemonConfig::load("", {"daemon.split_reduce_min_kib=off"}).split_reduce_min_bytes, std::nullopt);
+TEST(DaemonConfig, SplitReduceBoundTakesAutoKibOrOff) {
+  EXPECT_EQ(DaemonConfig{}.split_reduce_min, SplitReduceMin{});
+  EXPECT_TRUE(DaemonConfig{}.split_reduce_min.automatic);
+  EXPECT_EQ(DaemonConfig::load(kDefaultIni, {}).split_reduce_min, DaemonConfig{}.split_reduce_min);
+  // Auto: a lower bound when every spinning process has a core of its own.
+  EXPECT_EQ(SplitReduceMin{}.resolve(false), std::optional<std::uint64_t>(64ull << 10));
+  EXPECT_EQ(SplitReduceMin{}.resolve(true), std::optional<std::uint64_t>(256ull << 10));
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.split_reduce_min_kib=0"}).split_reduce_min, SplitReduceMin::fixed(0));
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.split_reduce_min_kib=0"}).split_reduce_min.resolve(true), std::optional<std::uint64_t>(0));
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.split_reduce_min_kib=off"}).split_reduce_min.resolve(false), std::nullopt);
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.split_reduce_min_kib=off", "daemon.split_reduce_min_kib=auto"}).split_reduce_min,
+            SplitReduceMin{});
   expect_invalid("", {"daemon.split_reduce_min_kib=-1"}, {"daemon.split_reduce_min_kib"});
   expect_invalid("", {"daemon.split_reduce_min_kib=never"}, {"daemon.split_reduce_min_kib"});
 }

@@ -48,7 +48,7 @@ struct Job {
   }
   static DaemonConfig config(std::optional<std::uint64_t> split_min) {
     auto c = test_daemon::small_config();
-    c.split_reduce_min_bytes = split_min;
+    c.split_reduce_min = SplitReduceMin::fixed(split_min);
     c.host_fast_bytes = 0;  // the small ops too go through the daemon
     return c;
   }

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -6,6 +7,7 @@
 #include <memory>
 #include <new>
 #include <random>
+#include <thread>
 
 #include "ipc/doorbell.hpp"
 #include "ipc/protocol.hpp"
@@ -115,4 +117,45 @@ TEST(Doorbell, WaitTimesOutAndWakes) {
   const auto t1 = std::chrono::steady_clock::now();
   bell.wait(t, std::chrono::seconds(5));
   EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(1));
+}
+
+// Spinning yields only when the node's spinning processes outnumber the cores this process may
+// run on: its affinity mask, not the machine's core count.
+TEST(Doorbell, YieldsBetweenPollsOnlyWhenSpinnersOutnumberCores) {
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  const int cores = CPU_COUNT(&all);
+  EXPECT_EQ(usable_cores(), cores);
+  EXPECT_FALSE(yield_between_polls(cores));
+  EXPECT_TRUE(yield_between_polls(cores + 1));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+  const int pinned = usable_cores();
+  const bool two_yield = yield_between_polls(2);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(pinned, 1);
+  EXPECT_TRUE(two_yield);
+}
+
+// Both spin forms see a condition another thread sets while they spin.
+TEST(Doorbell, SpinThenWaitSeesReadyWithAndWithoutYield) {
+  for (const bool yield : {false, true}) {
+    Doorbell bell;
+    std::atomic<bool> flag{false};
+    std::thread setter([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      flag.store(true, std::memory_order_release);
+      bell.ring();
+    });
+    const bool ok = spin_then_wait(
+        bell, [&] { return flag.load(std::memory_order_acquire); },
+        std::chrono::steady_clock::now() + std::chrono::seconds(5), std::chrono::microseconds(50),
+        std::chrono::microseconds(20000), yield, [] { return true; });
+    setter.join();
+    EXPECT_TRUE(ok) << "yield " << yield;
+  }
 }

@@ -270,6 +270,27 @@ TEST(Text, DirectReadsShowChunksAndCopiesBehind) {
   EXPECT_TRUE(contains(p, "smddp_direct_read_copies_behind{job=\"j1\",node=\"0\"} 2\n")) << p;
 }
 
+// Split host reductions: the line names the size from which allreduce and reduce split (the
+// daemon's resolved threshold), the Prometheus lines carry the counts.
+TEST(Text, SplitReductionsShowTheirThreshold) {
+  auto s = full_status();
+  s["split_reductions"] = json::parse(R"({"chunks":800,"shares_behind":1,"min_bytes":65536})");
+  const auto text = format_status_text(s);
+  EXPECT_TRUE(contains(text, "split reductions: 800 host chunks reduced by the ranks, a share each, from the members' "
+                             "arenas (allreduce and reduce from 64 KiB a chunk); 1 shares behind"))
+      << text;
+  s["split_reductions"] = json::parse(R"({"chunks":800,"shares_behind":0,"min_bytes":null})");  // off: reduce_scatter only
+  EXPECT_TRUE(contains(format_status_text(s), "from the members' arenas; 0 shares behind")) << format_status_text(s);
+  s["split_reductions"] = json::parse(R"({"chunks":0,"shares_behind":0,"min_bytes":65536})");  // never used: no line
+  EXPECT_FALSE(contains(format_status_text(s), "split reductions")) << format_status_text(s);
+  auto t = full_status();
+  t["split_reductions"] = json::parse(R"({"chunks":800,"shares_behind":1,"min_bytes":65536})");
+  const std::string p = format_prometheus({{"j1", 0, t}});
+  EXPECT_EQ(prometheus_problems(p), std::vector<std::string>{}) << p;
+  EXPECT_TRUE(contains(p, "smddp_split_reduce_chunks_total{job=\"j1\",node=\"0\"} 800\n")) << p;
+  EXPECT_TRUE(contains(p, "smddp_split_reduce_shares_behind{job=\"j1\",node=\"0\"} 1\n")) << p;
+}
+
 TEST(Text, RankTableColumnsLineUp) {
   json s = full_status();
   s["ranks"][1]["pid"] = 1234567;
