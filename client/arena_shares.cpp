@@ -224,9 +224,14 @@ void ClientImpl::end_shares_locked(Deferred& callbacks) {
 std::string ClientImpl::waited_for_shares(const OpState& op, const std::vector<int>& late) const {
   std::string who;
   for (int s : late) who += (who.empty() ? "" : " ") + std::to_string(segment_.slot(s).rank);
-  return "smddp " + std::string(ipc::to_string(op.plan_.base.op)) + " on communicator " +
-         std::to_string(op.plan_.base.comm_id) + " (operation #" + std::to_string(op.plan_.base.seq) +
-         "): rank(s) " + who + " did not reduce their share of it";
+  std::string why = "smddp " + std::string(ipc::to_string(op.plan_.base.op)) + " on communicator " +
+                    std::to_string(op.plan_.base.comm_id) + " (operation #" + std::to_string(op.plan_.base.seq) +
+                    "): rank(s) " + who + " did not reduce their share of it";
+  for (int s : late)
+    if (const int pid = segment_.slot(s).pid; ipc::process_stopped(pid))
+      why += "; rank " + std::to_string(segment_.slot(s).rank) + " (pid " + std::to_string(pid) +
+             ") is stopped (a signal or a debugger)";
+  return why;
 }
 
 bool ClientImpl::completions_ready() {

@@ -3,6 +3,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cli.cpp
   ${CMAKE_CURRENT_LIST_DIR}/config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/matcher.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/wait_for.cpp
   ${CMAKE_CURRENT_LIST_DIR}/worker_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_executor.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arena_sources.cpp
@@ -12,6 +13,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/reserved_port.cpp
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/daemon_status.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/daemon_waits.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu_stats.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transport/fault_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transport/fault_injection.cpp

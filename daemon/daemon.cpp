@@ -856,7 +856,13 @@ void Daemon::housekeeping(Clock::time_point now) {
              128 + sig);
   }
   std::vector<StallInfo> new_stalls;
-  resolve(matcher_.expire(now, config_.stall_warning, new_stalls));
+  update_waits(now);
+  auto expired = matcher_.expire(now, config_.stall_warning, new_stalls);
+  // A rank that never posted may itself wait for another, or be stopped: name the one behind.
+  for (auto& m : expired)
+    if (m.status == ipc::Status::Timeout)
+      if (auto why = explain_wait(unposted_local_ranks(m)); !why.empty()) m.error += "; " + why;
+  resolve(std::move(expired));
   watch_shares(now, new_stalls);
   if (engine_)
     for (auto& s : engine_->stalls(now, config_.stall_warning, true)) new_stalls.push_back(std::move(s));

@@ -159,6 +159,17 @@ class Daemon {
   StallInfo stall_of(const ShareDue& d, Clock::time_point now) const;
   static std::vector<StallInfo> merge_stalls(std::vector<StallInfo> stalls);  // one per operation
   std::uint64_t shares_behind() const;  // shares live ranks were sent and have not reduced yet
+  // The job's wait-for graph (wait_for.hpp), this node's part: what its ranks have waited in for
+  // a while and for whom, and which of them are stopped; sent in the beats.
+  std::vector<RankWait> local_waits_;
+  Clock::time_point waits_updated_{};
+  void update_waits(Clock::time_point now);
+  void add_share_waits(Clock::time_point now, std::vector<RankWait>& out) const;
+  // The chain from `from` to the rank holding them up (over every node's waits where there are
+  // other nodes).
+  std::string explain_wait(const std::vector<int>& from) const;
+  // The local ranks a timed-out match waited for.
+  static std::vector<int> unposted_local_ranks(const Match& m);
   // Addresses `c` to the request `p` posted, as an answer of `kind`.
   static void address(ipc::CompletionDesc& c, const Posted& p, ipc::CompletionKind kind);
   // Which IPC handle each receiving slot was last sent for (owner slot, allocation id).

@@ -48,6 +48,9 @@ void Daemon::update_status(Clock::time_point now) {
                         {"device", slot.device_bus_id[0] ? std::string(slot.device_bus_id) : std::string("cpu")},
                         {"state", state},
                         {"alive", info.pid > 0 && !info.exited},
+                        // A signal or a debugger stopped it: it holds up every group it is in.
+                        {"stopped", std::any_of(local_waits_.begin(), local_waits_.end(),
+                                                [&](const RankWait& w) { return w.rank == slot.rank && w.stopped; })},
                         {"exit_status", info.exited ? nlohmann::json(exit_code_of(info.wait_status)) : nlohmann::json()},
                         {"last_seq_posted", info.last_seq},
                         {"pending", info.pending}};

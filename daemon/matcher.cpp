@@ -341,6 +341,27 @@ std::vector<Match> Matcher::expire(Clock::time_point now, std::chrono::seconds s
   return out;
 }
 
+void Matcher::add_waits(Clock::time_point now, std::vector<RankWait>& out) const {
+  const auto waited = [&](const Posted& p) { return std::chrono::duration<double>(now - p.at).count(); };
+  for (const auto& [key, e] : collectives_) {
+    std::vector<int> missing;
+    for (int g = 0; g < e.comm->size(); ++g)
+      if (!e.by_rank[static_cast<std::size_t>(g)] && e.comm->slots[static_cast<std::size_t>(g)] >= 0)
+        missing.push_back(e.comm->global_ranks[static_cast<std::size_t>(g)]);
+    for (const auto& p : e.by_rank)
+      if (p)
+        out.push_back({e.comm->global_ranks[static_cast<std::size_t>(p->group_rank)], false, 0, p->desc.op,
+                       std::get<0>(key), std::get<1>(key), waited(*p), missing});
+  }
+  for (const auto& [key, e] : p2p_) {
+    const Posted& have = e.send ? *e.send : *e.recv;
+    const int missing_group = e.send ? std::get<2>(key) : std::get<1>(key);
+    out.push_back({e.comm->global_ranks[static_cast<std::size_t>(have.group_rank)], false, 0, have.desc.op,
+                   std::get<0>(key), std::get<3>(key), waited(have),
+                   {e.comm->global_ranks[static_cast<std::size_t>(missing_group)]}});
+  }
+}
+
 std::vector<StallInfo> Matcher::stalls(Clock::time_point now, std::chrono::seconds stall_after) const {
   std::vector<StallInfo> out;
   for (const auto& [key, e] : collectives_) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "daemon/communicator.hpp"
+#include "daemon/wait_for.hpp"
 #include "ipc/protocol.hpp"
 
 namespace smddp::daemon {
@@ -67,6 +68,8 @@ class Matcher {
                             std::vector<StallInfo>& new_stalls);
   // Current stalls (for status), older than `stall_after`.
   std::vector<StallInfo> stalls(Clock::time_point now, std::chrono::seconds stall_after) const;
+  // Each posted rank's wait for the local ranks that have not posted (wait_for.hpp).
+  void add_waits(Clock::time_point now, std::vector<RankWait>& out) const;
   // Fails what waits for `slot` to post (that rank has exited).
   std::vector<Match> fail_waiting_for(int slot, ipc::Status status, const std::string& error);
   // Fails operation `seq` of `comm`: its chunks waiting here now, later ones as they come

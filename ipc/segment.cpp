@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "ipc/names.hpp"
+#include "ipc/unique_fd.hpp"
 
 namespace bip = boost::interprocess;
 
@@ -106,23 +107,38 @@ bool stale(const std::string& name, int& pid_out) {
 
 }  // namespace
 
+namespace {
+
+// A process's state letter from /proc/PID/stat ('R', 'S', 'T', 'Z', ...); 0 if it cannot be read.
+char process_state(int pid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  const UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  if (!fd) return 0;
+  char buf[512];
+  const ssize_t n = ::read(fd.get(), buf, sizeof buf - 1);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');  // the command name may itself hold ')'
+  if (!paren || paren[1] != ' ') return 0;
+  return paren[2];
+}
+
+}  // namespace
+
 bool process_alive(int pid) noexcept {
   if (pid <= 0) return false;
   if (::kill(pid, 0) != 0 && errno != EPERM) return false;
   // A zombie has ended; its parent just has not reaped it yet. That parent may itself be
   // waiting for us (a launcher reading the output pipe we inherited), so it must count as gone.
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return true;  // no procfs: trust kill()
-  char buf[512];
-  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return true;
-  buf[n] = '\0';
-  const char* paren = std::strrchr(buf, ')');  // the command name may itself hold ')'
-  if (!paren || paren[1] != ' ') return true;
-  return paren[2] != 'Z' && paren[2] != 'X';
+  const char state = process_state(pid);
+  return state != 'Z' && state != 'X';  // unreadable (no procfs): trust kill()
+}
+
+bool process_stopped(int pid) noexcept {
+  if (pid <= 0) return false;
+  const char state = process_state(pid);
+  return state == 'T' || state == 't';
 }
 
 std::uint64_t segment_bytes_for(const SegmentSpec& spec) {

@@ -246,7 +246,9 @@ class Segment {
   bool owner_ = false;
 };
 
-// True if process `pid` exists (it may be a zombie).
+// True if process `pid` exists and has not ended (a zombie has).
 bool process_alive(int pid) noexcept;
+// True if process `pid` is stopped (a signal such as SIGSTOP, or a debugger).
+bool process_stopped(int pid) noexcept;
 
 }  // namespace smddp::ipc

@@ -160,6 +160,7 @@ HealthVerdict evaluate_health(const json& status) {
       if (field(r, "exit_status") != nullptr) why += " (exit status " + text(r, "exit_status") + ")";
       problems.push_back(why);
     }
+    if (boolean(r, "stopped") == true) problems.push_back(rank_name(r) + " is stopped (a signal or a debugger)");
     if (is_alive != false && !failed) ++alive;
   }
 
@@ -315,7 +316,8 @@ std::string format_status_text(const json& status) {
     for (const json& r : ranks) {
       auto alive = boolean(r, "alive");
       rows.push_back({text(r, "rank"), text(r, "local_rank"), text(r, "pid"), text(r, "device"), text(r, "state"),
-                      alive ? (*alive ? "yes" : "NO") : "-", text(r, "last_seq_posted"), text(r, "pending"),
+                      boolean(r, "stopped") == true ? "STOPPED" : alive ? (*alive ? "yes" : "NO") : "-",
+                      text(r, "last_seq_posted"), text(r, "pending"),
                       text(r, "exit_status")});
     }
     out << format_table(rows, "    ");

@@ -50,6 +50,7 @@ struct Beat {
   std::int32_t exit_code = 0;
   std::int32_t pid = 0;
   char error[960] = {};
+  WireWaits waits;  // while it lives: its ranks' waits
 };
 
 std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
@@ -279,7 +280,10 @@ void Engine::post_beat_recv(int node) {
                      if (m.magic == kBeatMagic) {
                        const auto s = static_cast<PeerState>(m.state);
                        m.error[sizeof m.error - 1] = '\0';
-                       if (s == PeerState::Alive) p.stall_note = m.error;
+                       if (s == PeerState::Alive) {
+                         p.stall_note = m.error;
+                         p.waits = from_wire(m.waits, topo_.num_nodes * topo_.nproc_per_node);
+                       }
                        if (s == PeerState::Failed && p.state == PeerState::Alive) {
                          m.error[sizeof m.error - 1] = '\0';
                          p.state = PeerState::Failed;
@@ -409,6 +413,7 @@ void Engine::send_beat(int node, Clock::time_point now) {
   m.exit_code = my_exit_code_;
   m.pid = topo_.nodes[static_cast<std::size_t>(topo_.node_id)].pid;
   std::strncpy(m.error, (my_state_ == PeerState::Alive ? my_stall_note_ : my_error_).c_str(), sizeof m.error - 1);
+  if (my_state_ == PeerState::Alive) m.waits = to_wire(my_waits_);
   ++peer.beats_in_flight;
   peer.last_sent = now;
   if (my_state_ != PeerState::Alive) peer.goodbye_sent = true;
@@ -739,12 +744,14 @@ bool Engine::advance(Op& op, Clock::time_point now) {
         for (int g : missing) s << " " << g;
         s << " on other node(s) never posted it (or not all of their node's ranks did)";
         notes_of(missing);
+        if (auto why = explain_wait(missing); !why.empty()) s << "; " << why;
       } else if (op.p2p) {
         const auto& mine = op.match.posted.front().desc;
         const int peer = op.comm->global_ranks[static_cast<std::size_t>(mine.root)];
         s << "rank " << peer << " on node " << topo_.node_of(peer) << " did not finish its "
           << (mine.op == OpType::Recv ? "send" : "receive");
         notes_of({peer});
+        if (auto why = explain_wait({peer}); !why.empty()) s << "; " << why;
       } else {
         s << "the other node(s) of the group did not finish their part";
         notes_of(op.comm->global_ranks);
@@ -841,6 +848,33 @@ std::vector<int> Engine::unheard_ranks(const Op& op) const {
     if (!op.heard[static_cast<std::size_t>(op.node_index_of_member(g, topo_))])
       out.push_back(op.comm->global_ranks[static_cast<std::size_t>(g)]);
   return out;
+}
+
+void Engine::add_waits(Clock::time_point now, std::vector<RankWait>& out) const {
+  for (const auto& op : ops_) {
+    if (op->abandoned || !op->error.empty()) continue;
+    const auto& first = op->match.posted.front().desc;
+    std::vector<int> waits_for;
+    if (op->p2p) {
+      if (first.op != OpType::Recv) continue;  // a send waits for no one in particular
+      waits_for.push_back(op->comm->global_ranks[static_cast<std::size_t>(first.root)]);
+    } else {
+      waits_for = unheard_ranks(*op);
+    }
+    for (const auto& p : op->match.posted)
+      out.push_back({op->comm->global_ranks[static_cast<std::size_t>(p.group_rank)], false, 0, first.op, first.comm_id,
+                     first.seq, std::chrono::duration<double>(now - op->started).count(), waits_for});
+  }
+}
+
+std::string Engine::explain_wait(const std::vector<int>& from) const {
+  return daemon::explain_wait(from, [this](int g) -> const RankWait* {
+    const int n = topo_.node_of(g);
+    if (n < 0 || static_cast<std::size_t>(n) >= peers_.size()) return nullptr;
+    const auto& waits = n == topo_.node_id ? my_waits_ : peers_[static_cast<std::size_t>(n)].waits;
+    const auto it = std::find_if(waits.begin(), waits.end(), [g](const RankWait& w) { return w.rank == g; });
+    return it == waits.end() ? nullptr : &*it;
+  });
 }
 
 std::vector<StallInfo> Engine::stalls(Clock::time_point now, std::chrono::seconds stall_after, bool new_only) {

@@ -42,6 +42,7 @@
 #include "daemon/matcher.hpp"
 #include "daemon/traffic.hpp"
 #include "daemon/transport/transport.hpp"
+#include "daemon/wait_for.hpp"
 #include "daemon/worker_pool.hpp"
 #include "ipc/segment.hpp"
 
@@ -128,6 +129,13 @@ class Engine {
   // What this node's beats say while its job lives: its own ranks that others wait for (the
   // daemon's stall warning), so that a timeout on another node can name the rank behind it.
   void set_stall_note(std::string note) { my_stall_note_ = std::move(note); }
+  // This node's ranks' waits (wait_for.hpp), for the beats; and what the engine adds to them:
+  // the local ranks of each operation in flight wait for the ranks whose node has not posted it.
+  void set_waits(std::vector<RankWait> waits) { my_waits_ = std::move(waits); }
+  void add_waits(Clock::time_point now, std::vector<RankWait>& out) const;
+  // From `from` (ranks something waited for) to the rank holding them up, over every node's
+  // waits; empty when `from` is.
+  std::string explain_wait(const std::vector<int>& from) const;
   // Watches the other daemons' lifelines from now on (a death on another host shows at once).
   void watch_lifelines(std::unique_ptr<Lifelines> lifelines) { lifelines_ = std::move(lifelines); }
   // Tells every peer that this node's job failed (they fail theirs with the same text).
@@ -182,6 +190,7 @@ class Engine {
     std::string beat_error;
     std::optional<Clock::time_point> lifeline_closed_at;  // its lifeline ended (lifeline.hpp)
     std::string stall_note;  // its latest set_stall_note, from its beats
+    std::vector<RankWait> waits;  // its latest set_waits, from its beats
     Clock::time_point last_sent{};
     int beats_in_flight = 0;
     bool goodbye_sent = false;  // our Done/Failed beat went out
@@ -247,6 +256,7 @@ class Engine {
   PeerState my_state_ = PeerState::Alive;
   std::string my_error_;
   std::string my_stall_note_;
+  std::vector<RankWait> my_waits_;
   int my_exit_code_ = 0;
   // Operations recently started and recently failed (announced or told), oldest dropped first:
   // a failure notice concerns an operation of the last few thousand.

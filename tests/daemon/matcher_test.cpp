@@ -560,6 +560,32 @@ TEST(Matcher, P2pTimesOutAndStallsNamingThePeer) {
   EXPECT_EQ(m.pending_count(), 0u);
 }
 
+// The job's wait-for graph, this node's part: each poster waits in its operation for the local
+// ranks that have not posted it (remote ranks are the engine's to name), a sender for its receiver.
+TEST(Matcher, WaitsNameEachPosterAndTheLocalRanksItWaitsFor) {
+  Matcher m({0, 1, 2, -1}, 100000ms);
+  EXPECT_TRUE(m.post(0, 0, coll(OpType::AllReduce, 3), t0).empty());
+  EXPECT_TRUE(m.post(2, 2, coll(OpType::AllReduce, 3), t0 + 1s).empty());
+  EXPECT_TRUE(m.post(1, 1, p2p(OpType::Send, 0, 0), t0 + 2s).empty());
+  std::vector<RankWait> waits;
+  m.add_waits(t0 + 5s, waits);
+  std::sort(waits.begin(), waits.end(), [](const RankWait& a, const RankWait& b) { return a.rank < b.rank; });
+  ASSERT_EQ(waits.size(), 3u);
+  EXPECT_EQ(waits[0].rank, 0);
+  EXPECT_EQ(waits[0].op, OpType::AllReduce);
+  EXPECT_EQ(waits[0].seq, 3u);
+  EXPECT_DOUBLE_EQ(waits[0].waited_s, 5.0);
+  EXPECT_EQ(waits[0].waits_for, (std::vector<int>{1}));
+  EXPECT_EQ(waits[1].rank, 1);
+  EXPECT_EQ(waits[1].op, OpType::Send);
+  EXPECT_EQ(waits[1].waits_for, (std::vector<int>{0}));
+  EXPECT_DOUBLE_EQ(waits[1].waited_s, 3.0);
+  EXPECT_EQ(waits[2].rank, 2);
+  EXPECT_DOUBLE_EQ(waits[2].waited_s, 4.0);
+  EXPECT_EQ(waits[2].waits_for, (std::vector<int>{1}));
+  EXPECT_FALSE(waits[0].stopped || waits[1].stopped || waits[2].stopped);
+}
+
 TEST(Matcher, CommCreateTimesOut) {
   Matcher m(local(3), 100000ms);
   EXPECT_TRUE(m.post_create(0, create(4, 1000), {0, 1, 2}, t0).empty());

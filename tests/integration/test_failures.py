@@ -86,6 +86,7 @@ def test_a_rank_that_never_reduces_its_share_is_named_at_the_timeout(job):
     assert sorted(res) == [0, 1], out[-3000:]
     for rank, (at, msg) in res.items():
         assert "rank(s) 2 did not reduce their share" in msg, msg
+        assert f"rank 2 (pid {victim}) is stopped" in msg, msg
         assert 3.0 < at - started < 4.0 + 3.0, (rank, at - started, msg)
     # The daemon says who the others wait for before their timeout.
     assert re.search(r"stall: allreduce .* for rank\(s\) 2\b", out), out[-3000:]

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -149,4 +150,30 @@ TEST(ProcessAlive, ZombiesCountAsGone) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_FALSE(smddp::ipc::process_alive(child));
+}
+
+TEST(ProcessStopped, SeesSigstopAndSigcont) {
+  EXPECT_FALSE(smddp::ipc::process_stopped(::getpid()));
+  EXPECT_FALSE(smddp::ipc::process_stopped(0));
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (;;) ::pause();
+  }
+  const auto becomes = [&](bool stopped) {
+    for (int i = 0; i < 2000; ++i) {
+      if (smddp::ipc::process_stopped(child) == stopped) return true;
+      ::usleep(1000);
+    }
+    return false;
+  };
+  EXPECT_TRUE(becomes(false));
+  ::kill(child, SIGSTOP);
+  EXPECT_TRUE(becomes(true)) << "a SIGSTOPped child does not read as stopped";
+  ::kill(child, SIGCONT);
+  EXPECT_TRUE(becomes(false)) << "a continued child still reads as stopped";
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_FALSE(smddp::ipc::process_stopped(child));
 }

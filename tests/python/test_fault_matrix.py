@@ -5,7 +5,8 @@ the daemon must refuse (pushed by a rank into its own request ring), and node 1'
 fabric falling silent (fabric.fault=silence: nothing leaves or arrives, its process lives on). Every
 surviving rank must fail with an error that names what happened, within 5 s of the fault or of its
 next call into smddp if it was busy with its own work then (the stall: within 5 s of the configured
-timeout, after a stall warning naming the stopped rank), no result may be wrong,
+timeout, after a stall warning naming the stopped rank, the first error saying it is stopped), no
+result may be wrong,
 the launcher must exit non-zero, and nothing of the job may be left running or in /dev/shm or the
 socket folder. A killed daemon's ranks are survivors too: they must name their dead daemon, and the
 other node's ranks must name it as well, although mpirun tells every daemon to stop as soon as one
@@ -146,10 +147,11 @@ def run_once(fault, rng):
                                                                              out[-4000:])
     first = min(results, key=lambda r: results[r].at) if results else None
     if fault == "stall":
-        # The earliest error names the stopped rank (the survivors that fail later may name the first
-        # one that left), after a stall warning that names it.
-        assert re.search(r"\brank(?:\(s\))?(?: \d+)*? 1\b", results[first].msg), \
-            "stall: the first error does not name rank 1: %s" % results[first].msg
+        # The earliest error names the stopped rank as stopped, however many ranks and groups it
+        # held up on the way (the survivors that fail later may name the first one that left), after
+        # a stall warning that names it.
+        assert "rank 1 (pid %d) is stopped" % pids[1] in results[first].msg, \
+            "stall: the first error does not say rank 1 is stopped: %s" % results[first].msg
         assert re.search(r"stall: .*for rank\(s\) [\d, ]*\b1\b", out), "no stall warning naming rank 1\n" + out[-4000:]
     elif fault in ("mismatch", "malformed"):
         assert needle in results[first].msg, "%s: the first error is not %r: %s" % (fault, needle, results[first].msg)

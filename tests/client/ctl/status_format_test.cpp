@@ -108,6 +108,8 @@ TEST(Health, EachProblemDegrades) {
       {"no state", [](json& s) { s.erase("state"); }, "daemon state unknown"},
       {"job error", [](json& s) { s["job_error"] = "rank 1 exited with status 1"; }, "job error: rank 1 exited"},
       {"dead rank", [](json& s) { s["ranks"][1]["alive"] = false; }, "rank 1 (pid 4568) is not alive"},
+      {"stopped rank", [](json& s) { s["ranks"][1]["stopped"] = true; },
+       "rank 1 (pid 4568) is stopped (a signal or a debugger)"},
       {"failed rank",
        [](json& s) {
          s["ranks"][0]["state"] = "failed";
@@ -321,6 +323,15 @@ TEST(Text, MissingFieldsShowAsDashes) {
   EXPECT_TRUE(contains(t, "degraded:      daemon state unknown")) << t;
   EXPECT_NO_THROW(format_status_text(json::parse(R"({"ranks":[{}],"errors":["plain"],"stalls":[{}]})")));
   EXPECT_NO_THROW(format_status_text(json(42)));
+}
+
+TEST(Text, ShowsAStoppedRank) {
+  json s = full_status();
+  s["ranks"][1]["stopped"] = true;
+  std::string t = format_status_text(s);
+  EXPECT_TRUE(contains(t, "STOPPED")) << t;
+  s["ranks"][1]["stopped"] = false;
+  EXPECT_FALSE(contains(format_status_text(s), "STOPPED"));
 }
 
 TEST(Text, ShowsADeadRankAndItsExit) {

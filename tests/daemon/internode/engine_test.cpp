@@ -389,6 +389,36 @@ TEST_P(EngineTest, ATimeoutRepeatsWhatTheOtherNodeSaysOfItsLateRanks) {
       << done[0].match.error;
 }
 
+// The ranks a timeout waited for may wait themselves: the error follows every node's waits
+// (each node's beats carry its own) to the rank holding them up.
+TEST_P(EngineTest, ATimeoutFollowsTheWaitsToTheRankHoldingUpTheOthers) {
+  nodes[1]->engine->set_waits({{2, false, 0, OpType::AllGather, 9, 58, 7.0, {0, 1}},
+                               {3, false, 0, OpType::AllGather, 9, 58, 6.6, {2}}});
+  nodes[0]->engine->set_waits({{1, true, 4242}});
+  auto d = desc(OpType::AllReduce, 8);
+  d.timeout_ms = 600;
+  nodes[0]->engine->start(nodes[0]->match(d, 0, 64, 64), Clock::now());
+  // The engine's own part of the graph: both local ranks wait in it for node 1's.
+  std::vector<RankWait> mine;
+  nodes[0]->engine->add_waits(Clock::now(), mine);
+  ASSERT_EQ(mine.size(), 2u);
+  EXPECT_EQ(mine[0].waits_for, (std::vector<int>{2, 3}));
+  EXPECT_EQ(mine[1].op, OpType::AllReduce);
+  std::vector<Finished> done;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (done.empty() && Clock::now() < until) {
+    done = nodes[0]->engine->progress(Clock::now());
+    nodes[1]->engine->progress(Clock::now());  // beats every 200 ms carry the waits
+  }
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].match.status, ipc::Status::Timeout);
+  EXPECT_NE(done[0].match.error.find("never posted it (or not all of their node's ranks did); rank 2 waits in allgather "
+                                     "on communicator 9 (operation #58) for rank(s) 0 1 (7 s); rank 1 (pid 4242) is "
+                                     "stopped (a signal or a debugger)"),
+            std::string::npos)
+      << done[0].match.error;
+}
+
 // A receive whose sender never sends (held up by a late rank of its own node): the timeout names
 // the sender, repeats what the sender's node says of its late ranks, and gives the time it waited.
 TEST_P(EngineTest, AReceiveThatTimesOutNamesTheSenderAndWhatItsNodeSays) {
