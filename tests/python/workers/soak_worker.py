@@ -185,6 +185,12 @@ def issue(i, op, g, members, dname, n, red, root, async_op):
         w = dist.all_gather_into_tensor(out, values(rank, n, dname, salt), group=g, async_op=async_op)
         return w, lambda: same(out, torch.cat([values(r, n, dname, salt) for r in members]))
     if op == "reduce_scatter":
+        # n is the output's count: the rare large size (16 MiB) is taken as the input's, as for the
+        # other operations. Otherwise its reference (every member's 64 MiB, widened to int64 or
+        # double) takes 2 GiB and minutes on two cores, and a rank busy that long when its daemon is
+        # killed is ended by the orphan watch (10 s) before it can report.
+        if n >= 1 << 20:
+            n //= m
         full = values(rank, m * n, dname, salt, red)
         out = torch.zeros(n, dtype=DTYPES[dname])
         w = dist.reduce_scatter_tensor(out, full, op=red_op, group=g, async_op=async_op)
