@@ -62,10 +62,7 @@ void Daemon::update_waits(Clock::time_point now) {
 
 std::string Daemon::explain_wait(const std::vector<int>& from) const {
   if (engine_) return engine_->explain_wait(from);
-  return daemon::explain_wait(from, [this](int g) -> const RankWait* {
-    const auto it = std::find_if(local_waits_.begin(), local_waits_.end(), [g](const RankWait& w) { return w.rank == g; });
-    return it == local_waits_.end() ? nullptr : &*it;
-  });
+  return daemon::explain_wait(from, [this](int g) { return find_wait(local_waits_, g); });
 }
 
 std::vector<int> Daemon::unposted_local_ranks(const Match& m) {

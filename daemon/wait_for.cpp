@@ -8,6 +8,11 @@
 
 namespace smddp::daemon {
 
+const RankWait* find_wait(const std::vector<RankWait>& waits, int g) {
+  const auto it = std::find_if(waits.begin(), waits.end(), [g](const RankWait& w) { return w.rank == g; });
+  return it == waits.end() ? nullptr : &*it;
+}
+
 std::vector<RankWait> longest_per_rank(std::vector<RankWait> waits) {
   std::map<int, RankWait> by_rank;
   for (auto& w : waits) {

@@ -27,6 +27,9 @@ struct RankWait {
   std::vector<int> waits_for;  // global ranks; empty: for the other node(s) to finish their part
 };
 
+// Rank `g`'s entry in `waits`, or null.
+const RankWait* find_wait(const std::vector<RankWait>& waits, int g);
+
 // One entry a rank: its longest wait, a stopped process before any wait. Sorted by rank.
 std::vector<RankWait> longest_per_rank(std::vector<RankWait> waits);
 

@@ -413,7 +413,7 @@ void Engine::send_beat(int node, Clock::time_point now) {
   m.exit_code = my_exit_code_;
   m.pid = topo_.nodes[static_cast<std::size_t>(topo_.node_id)].pid;
   std::strncpy(m.error, (my_state_ == PeerState::Alive ? my_stall_note_ : my_error_).c_str(), sizeof m.error - 1);
-  if (my_state_ == PeerState::Alive) m.waits = to_wire(my_waits_);
+  if (my_state_ == PeerState::Alive) m.waits = my_waits_wire_;
   ++peer.beats_in_flight;
   peer.last_sent = now;
   if (my_state_ != PeerState::Alive) peer.goodbye_sent = true;
@@ -871,9 +871,7 @@ std::string Engine::explain_wait(const std::vector<int>& from) const {
   return daemon::explain_wait(from, [this](int g) -> const RankWait* {
     const int n = topo_.node_of(g);
     if (n < 0 || static_cast<std::size_t>(n) >= peers_.size()) return nullptr;
-    const auto& waits = n == topo_.node_id ? my_waits_ : peers_[static_cast<std::size_t>(n)].waits;
-    const auto it = std::find_if(waits.begin(), waits.end(), [g](const RankWait& w) { return w.rank == g; });
-    return it == waits.end() ? nullptr : &*it;
+    return find_wait(n == topo_.node_id ? my_waits_ : peers_[static_cast<std::size_t>(n)].waits, g);
   });
 }
 

@@ -131,7 +131,10 @@ class Engine {
   void set_stall_note(std::string note) { my_stall_note_ = std::move(note); }
   // This node's ranks' waits (wait_for.hpp), for the beats; and what the engine adds to them:
   // the local ranks of each operation in flight wait for the ranks whose node has not posted it.
-  void set_waits(std::vector<RankWait> waits) { my_waits_ = std::move(waits); }
+  void set_waits(std::vector<RankWait> waits) {
+    my_waits_wire_ = to_wire(waits);  // once per update, not per beat and peer
+    my_waits_ = std::move(waits);
+  }
   void add_waits(Clock::time_point now, std::vector<RankWait>& out) const;
   // From `from` (ranks something waited for) to the rank holding them up, over every node's
   // waits; empty when `from` is.
@@ -257,6 +260,7 @@ class Engine {
   std::string my_error_;
   std::string my_stall_note_;
   std::vector<RankWait> my_waits_;
+  WireWaits my_waits_wire_;
   int my_exit_code_ = 0;
   // Operations recently started and recently failed (announced or told), oldest dropped first:
   // a failure notice concerns an operation of the last few thousand.

@@ -149,6 +149,17 @@ class EngineTest : public ::testing::TestWithParam<Setup> {
         for (auto& f : nodes[i]->engine->progress(Clock::now())) done[i].push_back(std::move(f));
     return done;
   }
+  // Drives node `waiter` until it finishes something (10 s at most), and node `other` beside it
+  // (its beats carry its stall note and waits).
+  std::vector<Finished> progress_until_done(int waiter, int other) {
+    std::vector<Finished> done;
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (done.empty() && Clock::now() < until) {
+      done = nodes[static_cast<std::size_t>(waiter)]->engine->progress(Clock::now());
+      nodes[static_cast<std::size_t>(other)]->engine->progress(Clock::now());
+    }
+    return done;
+  }
   std::vector<std::unique_ptr<Node>> nodes;
 };
 

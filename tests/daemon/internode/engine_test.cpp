@@ -356,12 +356,7 @@ TEST_P(EngineTest, AnOperationOtherNodesNeverPostStallsThenTimesOutNamingTheirRa
   ASSERT_EQ(stalls.size(), 1u);
   EXPECT_EQ(stalls[0].missing_global_ranks, (std::vector<int>{2, 3}));
   EXPECT_TRUE(nodes[0]->engine->stalls(Clock::now() + std::chrono::seconds(5), std::chrono::seconds(1), true).empty());
-  std::vector<Finished> done;
-  const auto until = Clock::now() + std::chrono::seconds(10);
-  while (done.empty() && Clock::now() < until) {
-    done = nodes[0]->engine->progress(Clock::now());
-    nodes[1]->engine->progress(Clock::now());
-  }
+  const auto done = progress_until_done(0, 1);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].match.status, ipc::Status::Timeout);
   EXPECT_NE(done[0].match.error.find("rank(s) 2 3 on other node(s) never posted it"), std::string::npos)
@@ -375,12 +370,7 @@ TEST_P(EngineTest, ATimeoutRepeatsWhatTheOtherNodeSaysOfItsLateRanks) {
   auto d = desc(OpType::AllReduce, 8);
   d.timeout_ms = 600;
   nodes[0]->engine->start(nodes[0]->match(d, 0, 64, 64), Clock::now());
-  std::vector<Finished> done;
-  const auto until = Clock::now() + std::chrono::seconds(10);
-  while (done.empty() && Clock::now() < until) {
-    done = nodes[0]->engine->progress(Clock::now());
-    nodes[1]->engine->progress(Clock::now());  // beats every 200 ms carry the note
-  }
+  const auto done = progress_until_done(0, 1);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].match.status, ipc::Status::Timeout);
   EXPECT_NE(done[0].match.error.find("rank(s) 2 3 on other node(s) never posted it (or not all of their node's ranks "
@@ -404,12 +394,7 @@ TEST_P(EngineTest, ATimeoutFollowsTheWaitsToTheRankHoldingUpTheOthers) {
   ASSERT_EQ(mine.size(), 2u);
   EXPECT_EQ(mine[0].waits_for, (std::vector<int>{2, 3}));
   EXPECT_EQ(mine[1].op, OpType::AllReduce);
-  std::vector<Finished> done;
-  const auto until = Clock::now() + std::chrono::seconds(10);
-  while (done.empty() && Clock::now() < until) {
-    done = nodes[0]->engine->progress(Clock::now());
-    nodes[1]->engine->progress(Clock::now());  // beats every 200 ms carry the waits
-  }
+  const auto done = progress_until_done(0, 1);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].match.status, ipc::Status::Timeout);
   EXPECT_NE(done[0].match.error.find("never posted it (or not all of their node's ranks did); rank 2 waits in allgather "
@@ -426,12 +411,7 @@ TEST_P(EngineTest, AReceiveThatTimesOutNamesTheSenderAndWhatItsNodeSays) {
   auto r = recv_2_from_0(8, 1);
   r.desc.timeout_ms = 600;
   nodes[1]->engine->start_p2p(nodes[1]->comm, r, Clock::now());
-  std::vector<Finished> done;
-  const auto until = Clock::now() + std::chrono::seconds(10);
-  while (done.empty() && Clock::now() < until) {
-    done = nodes[1]->engine->progress(Clock::now());
-    nodes[0]->engine->progress(Clock::now());  // beats every 200 ms carry the note
-  }
+  const auto done = progress_until_done(1, 0);
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].match.status, ipc::Status::Timeout);
   const auto& e = done[0].match.error;
