@@ -10,9 +10,10 @@
 namespace smddp::client {
 
 void watch_for_orphaning(pid_t daemon_pid, std::chrono::seconds grace) {
+  // Checked before the once: an attach whose daemon is not our parent must not use it up.
+  if (daemon_pid <= 0 || ::getppid() != daemon_pid) return;
   static std::once_flag once;
   std::call_once(once, [daemon_pid, grace] {
-    if (daemon_pid <= 0 || ::getppid() != daemon_pid) return;
     // Detached on purpose: it lives as long as the process and touches no shared state, so the
     // process may exit (or fork) at any moment without joining it.
     std::thread([daemon_pid, grace] {
