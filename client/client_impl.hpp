@@ -142,6 +142,9 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
   // the call (the daemon's answer says how), and its cell's lane mark moved past it.
   bool fast_published_ = false;
   bool fast_mismatch_ = false;
+  // Its request to the daemon (0: none yet). The daemon answers it only with an error, which
+  // matters only until the op is done (ClientImpl::fast_answer_locked).
+  std::uint64_t fast_request_ = 0;
   std::uint64_t last_in_ticket_ = 0, last_out_ticket_ = 0;  // its copier's latest fences
 };
 
@@ -184,6 +187,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::shared_ptr<OpState> submit_fast(OpPlan plan, std::chrono::milliseconds timeout);
   // Input bytes a fast cell holds (0: no host fast path on this node).
   std::uint64_t fast_cell_bytes() const { return segment_.header().fast_cell_bytes; }
+  std::uint64_t fast_read_bytes() const { return segment_.header().fast_read_bytes; }
   // Runs deferred callbacks, then drops the released op references (outside the lock).
   static void run(Deferred& deferred);
   // Drives submissions and completions; returns callbacks to run outside the lock.
@@ -207,6 +211,9 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void progress_thread();
   // The host fast path: publishes, reads and finishes what it can of the fast ops.
   void advance_fast_locked(Deferred& callbacks);
+  // The daemon's answer to a host fast-path request (an error, or a test daemon's Ok): it fails
+  // the op if the op is not done yet.
+  void fast_answer_locked(const ipc::CompletionDesc& c, Deferred& callbacks);
   // Fails a fast op (if it has not finished) and marks its lane given up at its number.
   void fail_fast_locked(OpState& op, Status s, const std::string& why, Deferred& callbacks);
   // What a fast op can do next, judged from the cells and marks without changing anything.
@@ -248,6 +255,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // (RankSlot::fast_done), in issue order. fast_published_: the last number published per lane.
   std::deque<std::shared_ptr<OpState>> fast_;
   std::array<std::uint64_t, ipc::kFastLanes> fast_published_{};
+  bool fast_rang_daemon_ = false;  // the request ring was at least half full after the last fast post
   std::atomic<std::size_t> fast_count_{0};  // fast_.size(), for waiting threads' looks
   std::uint64_t p2p_bytes_ = 0;
   std::size_t active_ = 0;                      // ops not finished

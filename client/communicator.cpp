@@ -316,8 +316,8 @@ class CommImpl final : public Communicator {
     if (p.device || p.copier || p.ordered_by_caller || p.unchunked || (p.base.flags & ipc::kFlagSplits)) return false;
     const OpType op = p.base.op;
     if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
-    const auto bytes = host_fast::largest_input(op, p.base.count, p.base.dtype, size());
-    return bytes && *bytes <= client_->fast_cell_bytes();
+    return host_fast::fits(op, p.base.count, p.base.dtype, size(), client_->fast_cell_bytes(),
+                           client_->fast_read_bytes());
   }
 
  public:

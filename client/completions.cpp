@@ -34,6 +34,29 @@ void ClientImpl::progress_locked(Deferred& callbacks) {
   submit_queued_locked(callbacks);
 }
 
+void ClientImpl::fast_answer_locked(const ipc::CompletionDesc& c, Deferred& callbacks) {
+  const auto found = std::find_if(fast_.begin(), fast_.end(), [&](const std::shared_ptr<OpState>& op) {
+    return op->fast_request_ == c.request_id;
+  });
+  if (found == fast_.end() || (*found)->done()) return;  // the daemon's check matters only until it is done
+  const auto holder = *found;  // advance_fast_locked may take it off fast_
+  OpState& op = *holder;
+  // An op whose members' cells are all there completes even when the answer is an error (the
+  // job failed after they all published): its peers may have finished it already.
+  if (c.status != Status::Ok) advance_fast_locked(callbacks);
+  if (op.done()) return;
+  if (c.status != Status::Ok) {
+    fail_fast_locked(op, c.status, std::string(c.error_text()), callbacks);
+  } else if (op.fast_mismatch_) {
+    fail_fast_locked(op, Status::Mismatch,
+                     "smddp " + std::string(ipc::to_string(op.plan_.base.op)) + " on communicator " +
+                         std::to_string(op.plan_.base.comm_id) +
+                         ": the members' host fast-path cells hold different calls (operation #" +
+                         std::to_string(op.plan_.base.seq) + ")",
+                     callbacks);
+  }
+}
+
 void ClientImpl::complete_locked(Deferred& callbacks) {
   end_shares_locked(callbacks);
   ipc::CompletionDesc c;
@@ -47,28 +70,8 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
       // Answered after we gave up on it (its region stays allocated); the other members still
       // wait for this rank's count to pass it.
       if (c.kind == ipc::CompletionKind::Sources) sources_copied_locked(c, kNoRegion);
-      continue;
-    }
-    if (it->second.op->plan_.fast_k) {
-      // A host fast-path op: the daemon's check, which matters only while the op is not done.
-      auto holder = std::move(it->second.op);
-      inflight_.erase(it);
-      OpState& op = *holder;
-      --op.inflight_;
-      // An op whose members' cells are all there completes even when the answer is an error
-      // (the job failed after they all published): its peers may have finished it already.
-      if (!op.done() && c.status != Status::Ok) advance_fast_locked(callbacks);
-      if (!op.done() && c.status != Status::Ok) {
-        fail_fast_locked(op, c.status, std::string(c.error_text()), callbacks);
-      } else if (!op.done() && op.fast_mismatch_) {
-        fail_fast_locked(op, Status::Mismatch,
-                         "smddp " + std::string(ipc::to_string(op.plan_.base.op)) + " on communicator " +
-                             std::to_string(op.plan_.base.comm_id) +
-                             ": the members' host fast-path cells hold different calls (operation #" +
-                             std::to_string(op.plan_.base.seq) + ")",
-                         callbacks);
-      }
-      callbacks.released.push_back(std::move(holder));
+      // Or a host fast-path request, which has no entry here.
+      else fast_answer_locked(c, callbacks);
       continue;
     }
     if (it->second.op->plan_.rank_exec) {
@@ -152,7 +155,7 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& w : share_waits_)
     if (w.inf.op) ops.push_back(w.inf.op);
   for (auto& op : ops) {
-    if (op->done()) continue;  // a fast-path op whose answer is still due
+    if (op->done()) continue;  // a fast-path op whose request waits in the outbox
     if (op->status_ == Status::Ok) {
       op->status_ = s;
       op->error_ = why;
@@ -229,7 +232,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
         --c.waiters_;
         // The progress thread takes over only what is left to drive: waking it for nothing
         // cost a system call and a context switch per synchronous op.
-        hand_over = c.waiters_ == 0 && (c.active_ > 0 || c.fast_seen_);
+        hand_over = c.waiters_ == 0 && (c.active_ > 0 || c.fast_seen_ || !c.outbox_.empty());
       }
       if (hand_over) c.work_cv_.notify_one();
     }
@@ -300,7 +303,9 @@ void ClientImpl::progress_thread() {
     // Once the GPU fast path is in use nobody waits for its ops on the CPU: this thread
     // finishes them, and stays on the completion doorbell between them, so that issuing
     // one does not have to wake it.
-    const auto runnable = [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_)); };
+    // Requests left in the outbox (the daemon's ring was full) must reach it even if this rank
+    // calls nothing more for a while: the other members' requests wait for them in its matcher.
+    const auto runnable = [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_ || !outbox_.empty())); };
     const auto watching = [&] { return failure_handler_ && !failure_reported_; };
     bool woken = true;
     if (watching()) {
@@ -316,7 +321,7 @@ void ClientImpl::progress_thread() {
     if (woken) {
       const auto wakes = waker_->count.load(std::memory_order_acquire);
       progress_locked(callbacks);
-      const bool idle = active_ == 0 && !fast_seen_;
+      const bool idle = active_ == 0 && !fast_seen_ && outbox_.empty();
       // Chunks wait for their copies in: spin a little first, as a waiting user thread does, to
       // see them finish before their wake comes.
       const bool copies_due =

@@ -1,8 +1,8 @@
 #include "client/host_fast.hpp"
 
+#include <array>
 #include <cstring>
 #include <stdexcept>
-#include <vector>
 
 #include "kernels/host/host_reduce.hpp"
 
@@ -14,21 +14,16 @@ using ipc::Segment;
 
 namespace {
 
-// The members' inputs at `offset` bytes in, for a reduction.
-std::vector<const void*> inputs_at(std::span<FastCell* const> cells, std::uint64_t offset) {
-  std::vector<const void*> in;
-  in.reserve(cells.size());
-  for (FastCell* c : cells) in.push_back(Segment::fast_input(*c) + offset);
-  return in;
-}
-
 void reduce(const FastCell& call, std::span<FastCell* const> cells, std::uint64_t offset, std::byte* out,
             std::uint64_t count) {
   if (count == 0) return;
   host_kernels::ReduceParams params;
   params.premul_scale = call.scale;
-  const auto in = inputs_at(cells, offset);
-  host_kernels::host_reduce(call.dtype, call.reduce_op, in, out, count, params);
+  // The members' inputs at `offset` bytes in (on the stack: this runs for every small op).
+  std::array<const void*, ipc::kMaxLocalRanks> in{};
+  for (std::size_t m = 0; m < cells.size(); ++m) in[m] = Segment::fast_input(*cells[m]) + offset;
+  host_kernels::host_reduce(call.dtype, call.reduce_op, std::span<const void* const>(in.data(), cells.size()), out,
+                            count, params);
 }
 
 }  // namespace
@@ -57,6 +52,39 @@ std::optional<std::uint64_t> largest_input(OpType op, std::uint64_t count, ipc::
       return std::nullopt;
   }
   return std::nullopt;
+}
+
+std::optional<std::uint64_t> largest_read(OpType op, std::uint64_t count, ipc::DType dtype, int members) {
+  std::uint64_t block = 0;
+  if (__builtin_mul_overflow(count, ipc::dtype_size(dtype), &block)) return std::nullopt;
+  const auto n = static_cast<std::uint64_t>(members);
+  std::uint64_t bytes = 0;
+  switch (op) {
+    case OpType::Barrier: return 0;
+    case OpType::Broadcast:
+    case OpType::Scatter:
+      return block;
+    case OpType::AllReduce:
+    case OpType::Reduce:
+    case OpType::AllGather:
+    case OpType::Gather:
+    case OpType::ReduceScatter:
+    case OpType::AllToAll:
+      if (__builtin_mul_overflow(block, n, &bytes)) return std::nullopt;
+      return bytes;
+    case OpType::Send:
+    case OpType::Recv:
+    case OpType::CommCreate:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+bool fits(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t cell_bytes,
+          std::uint64_t read_bytes) {
+  const auto in = largest_input(op, count, dtype, members);
+  const auto read = largest_read(op, count, dtype, members);
+  return in && read && *in <= cell_bytes && *read <= read_bytes;
 }
 
 std::uint64_t input_bytes(OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root) {

@@ -17,6 +17,18 @@ namespace smddp::client::host_fast {
 // whether the call takes the fast path. nullopt for operations the path does not take.
 std::optional<std::uint64_t> largest_input(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members);
 
+// Bytes the most demanding member reads from the cells: every member's input for an all-reduce,
+// an all-gather or a reduce (gather) root, the n blocks of a reduce_scatter or alltoall, one
+// block for a broadcast or scatter. Every member reduces (or copies) the whole call itself, so
+// from some size on the daemon's paths, which split a reduction among the members, are faster:
+// this is what SegmentHeader::fast_read_bytes bounds. nullopt where largest_input is.
+std::optional<std::uint64_t> largest_read(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members);
+
+// Whether a call takes the host fast path, from the call and the node's limits alone (so that
+// every member decides alike): its largest input fits a cell and its largest read the limit.
+bool fits(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t cell_bytes,
+          std::uint64_t read_bytes);
+
 // Bytes member `me` publishes: its input, none for a broadcast's or scatter's non-roots.
 std::uint64_t input_bytes(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root);
 

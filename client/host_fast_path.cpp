@@ -2,9 +2,9 @@
 // this node does not wait for the daemon. Each member writes its input and its call into its
 // fast cell and publishes the op's number; once every member published, each checks that the
 // calls agree and computes its own output from the cells (client/host_fast.hpp). It also posts
-// a request that the daemon only matches and counts, without waking it: the answer comes later
-// and matters only when it is an error (the members disagree, a rank died, a timeout), which
-// fails the op if it has not finished yet.
+// a request that the daemon only matches and counts, without waking it. The daemon answers it
+// only with an error (the members disagree, a rank died, a timeout), which fails the op if it
+// has not finished yet.
 //
 // Cells are reused every other op of a lane (ipc/segment.hpp): a member publishes number k
 // only once every member's fast_done reached k - 2, and reads its lane's ops in order. A member
@@ -130,19 +130,30 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
   // The daemon hears of it without being woken: it needs the request only to check it.
   ipc::RequestDesc d = p.base;
   d.request_id = next_request_id_++;
+  op.fast_request_ = d.request_id;
   d.flags |= ipc::kFlagHostFast;
   d.chunk_offset = 0;
   d.chunk_count = d.count;
   d.wait_value = k;
   d.input = d.output = d.aux = ipc::BufferRef{};
-  Inflight inf{holder, 0, kNoRegion, 0};
-  ++op.inflight_;
   if (outbox_.empty() && slot_.requests.try_push(d)) {
-    inflight_.emplace(d.request_id, std::move(inf));
+    // No inflight_ entry: the daemon answers only an error, which complete_locked routes by
+    // fast_request_ among the fast ops not done (an entry cost an allocation per op).
+    // Wake the daemon once the ring is half full, so that it drains while this rank fills the
+    // other half: a full ring sends the requests through the outbox, each flush rings again.
+    const bool half = slot_.requests.size() >= ipc::kRequestRingCapacity / 2;
+    if (half && !fast_rang_daemon_) segment_.header().daemon_bell.ring();
+    fast_rang_daemon_ = half;
   } else {
-    // The ring is full (the daemon sleeps): wake it, or requests pile up here.
-    outbox_.push_back(Staged{d, std::move(inf), 0});
-    segment_.header().daemon_bell.ring();
+    // The ring is full (the daemon is slow to drain it): wake it, and the progress thread, which
+    // pushes the rest if this rank calls nothing more.
+    const bool first = outbox_.empty();
+    ++op.inflight_;
+    outbox_.push_back(Staged{d, Inflight{holder, 0, kNoRegion, 0}, 0});
+    if (first) {
+      segment_.header().daemon_bell.ring();
+      work_cv_.notify_one();
+    }
   }
 }
 
@@ -174,13 +185,15 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
     for (bool again = true; again && !op.done();) {
       again = false;
       const FastLook look = look_fast_locked(op);
-      const std::string what = "smddp " + std::string(ipc::to_string(p.base.op)) + " on communicator " +
-                               std::to_string(p.base.comm_id);
+      // Only for the errors: building it costs an allocation on every small op.
+      const auto what = [&] {
+        return "smddp " + std::string(ipc::to_string(p.base.op)) + " on communicator " + std::to_string(p.base.comm_id);
+      };
       switch (look.kind) {
         case FastLook::Wait: break;
         case FastLook::SelfGaveUp:
           fail_fast_locked(op, Status::PeerFailed,
-                           what + ": an earlier collective of this communicator failed on this rank's host fast path "
+                           what() + ": an earlier collective of this communicator failed on this rank's host fast path "
                                   "(its fast op #" + std::to_string(look.at) + ")",
                            callbacks);
           break;
@@ -189,7 +202,7 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           fail_fast_locked(op, Status::PeerFailed,
                            h.job_failed.load(std::memory_order_acquire)
                                ? job_error()
-                               : what + ": rank " + rank_of_slot(segment_, look.slot) +
+                               : what() + ": rank " + rank_of_slot(segment_, look.slot) +
                                      " gave up on this communicator's host fast path after a failed collective (its "
                                      "fast op #" + std::to_string(look.at) + "); this collective (fast op #" +
                                      std::to_string(p.fast_k) + ") cannot complete",

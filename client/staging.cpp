@@ -124,7 +124,13 @@ bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
       continue;
     }
     if (!slot_.requests.try_push(it->desc)) break;  // the daemon answers first: its completions wake us
-    inflight_.emplace(it->desc.request_id, std::move(it->inflight));
+    if (op.fast_request_) {
+      // A host fast-path request: the daemon answers only an error, routed by fast_request_.
+      --op.inflight_;
+      callbacks.released.push_back(std::move(it->inflight.op));
+    } else {
+      inflight_.emplace(it->desc.request_id, std::move(it->inflight));
+    }
     pushed = true;
     it = outbox_.erase(it);
   }

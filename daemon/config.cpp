@@ -60,6 +60,10 @@ const std::map<std::string, Setter>& keys() {
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.host_fast_bytes = static_cast<std::uint64_t>(parse_int(key, v, 0, 1024)) << 10;
        }},
+      {"daemon.host_fast_read_kib",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.host_fast_read_bytes = static_cast<std::uint64_t>(parse_int(key, v, 0, 1 << 16)) << 10;
+       }},
       {"daemon.stall_warning_s",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.stall_warning = seconds(parse_int(key, v, 0, 86400 * 7));

@@ -45,7 +45,11 @@ struct DaemonConfig {
   SplitReduceMin split_reduce_min;
   // Host collectives whose largest input is at most this many bytes run on the ranks' fast path
   // in groups within one node (ipc::kFlagHostFast): the size of each fast cell; 0: off.
-  std::uint64_t host_fast_bytes = 32ull << 10;
+  std::uint64_t host_fast_bytes = 512ull << 10;
+  // ... and whose largest member reads at most this many bytes from the cells (a member of an
+  // all-reduce reads every member's input: 512 KiB each with 2 ranks, 256 KiB with 4, 128 KiB
+  // with 8). Beyond it the reduction split among the ranks is faster (docs/performance.md).
+  std::uint64_t host_fast_read_bytes = 1ull << 20;
   std::chrono::seconds stall_warning{60};
   std::chrono::seconds collective_timeout{1800};
   std::chrono::seconds exit_grace{10};

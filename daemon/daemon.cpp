@@ -61,6 +61,7 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
   s.arena_bytes = c.arena_bytes;
   s.chunk_bytes = c.chunk_bytes;
   s.fast_cell_bytes = c.host_fast_bytes;
+  s.fast_read_bytes = c.host_fast_read_bytes;
   return s;
 }
 
@@ -458,7 +459,10 @@ void Daemon::resolve(std::vector<Match> matches) {
           const std::uint64_t bytes = want && want->output ? *want->output : 0;
           bytes_moved_ += bytes;
           bw_window_bytes_ += bytes;
-          complete(p, Status::Ok, {});
+          // No answer: the ranks finished it already, and an answer per operation would fill the
+          // completion ring of a rank that posts many and then calls nothing for a while.
+          auto& info = ranks_[static_cast<std::size_t>(p.slot)];
+          if (info.pending) --info.pending;
         }
         continue;
       }
@@ -729,7 +733,13 @@ bool Daemon::push_completion(int slot_index, const ipc::CompletionDesc& c) {
   // is draining it (its progress thread runs while it has work in flight).
   const auto give_up = Clock::now() + std::chrono::seconds(5);
   while (!slot.completions.try_push(c)) {
-    if (Clock::now() > give_up || !ipc::process_alive(ranks_[static_cast<std::size_t>(slot_index)].pid)) {
+    // A rank that is gone reads no answer: its exit (on_rank_exit) says whether the job failed.
+    const auto& info = ranks_[static_cast<std::size_t>(slot_index)];
+    const auto st = static_cast<ipc::SlotState>(slot.state.load(std::memory_order_acquire));
+    if (info.exited || st == ipc::SlotState::Exited || st == ipc::SlotState::Failed || !ipc::process_alive(info.pid))
+      return false;
+    if (Clock::now() > give_up) {
+      spdlog::error("rank {} does not drain its completion ring", slot.rank);
       fail_job("rank " + std::to_string(slot.rank) + " does not drain its completion ring", 1);
       return false;
     }

@@ -103,6 +103,7 @@ void Daemon::update_status(Clock::time_point now) {
              // Small host collectives the ranks ran among themselves (ipc::kFlagHostFast).
              {"host_fast_path",
               {{"cell_bytes", config_.host_fast_bytes},
+               {"read_bytes", config_.host_fast_read_bytes},
                {"operations", host_fast_ops_},
                {"communicators", fast_lane_of_.size()}}},
              {"internode", internode_status()},

@@ -34,13 +34,15 @@ namespace ipc = smddp::ipc;
 constexpr std::uint64_t kCell = 4096;
 
 struct Job {
-  explicit Job(int n, std::uint64_t cell = kCell) : job(unique_job("fast")), daemon(spec(job, n, cell)) {
+  explicit Job(int n, std::uint64_t cell = kCell, std::uint64_t read = 1ull << 20)
+      : job(unique_job("fast")), daemon(spec(job, n, cell, read)) {
     daemon.start();
     for (int r = 0; r < n; ++r) ranks.push_back(Client::attach(attach_options(job, r, n, n)));
   }
-  static ipc::SegmentSpec spec(const std::string& job, int n, std::uint64_t cell) {
+  static ipc::SegmentSpec spec(const std::string& job, int n, std::uint64_t cell, std::uint64_t read) {
     auto s = small_spec(job, n, n);
     s.fast_cell_bytes = cell;
+    s.fast_read_bytes = read;
     return s;
   }
   // Runs f(rank) on a thread per rank; rethrows the first failure.
@@ -140,6 +142,36 @@ TEST(HostFast, TheCellSizeIsTheBoundaryForEveryRole) {
   j.daemon.settle();
   EXPECT_EQ(j.fast_requests(), 4u);
   EXPECT_EQ(j.daemon.requests().size(), 8u);
+}
+
+// Every member reads the whole call from the cells: the read limit bounds what one member reads
+// (n inputs of an all-reduce or all-gather, one block of a broadcast), so with more members
+// smaller calls are fast. Checked at the limit and one element past it, for 2 and 3 ranks.
+TEST(HostFast, TheReadLimitIsTheBoundaryForEachGroupSize) {
+  constexpr std::uint64_t kRead = 12288;
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(n);
+    Job j(n, 4 * kRead, kRead);
+    const std::uint64_t fits = kRead / 4 / static_cast<std::uint64_t>(n);  // float32 elements of a member's input
+    const auto run = [&](std::uint64_t extra) {
+      j.each([&](int r) {
+        auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+        std::vector<float> in(kRead, 1.f), out(4 * kRead);
+        w->allreduce(in.data(), out.data(), fits + extra, DType::Float32, ReduceOp::Sum)->wait();
+        w->allgather(in.data(), out.data(), fits + extra, DType::Float32)->wait();
+        // A broadcast reads one block: the whole limit, not a member's share of it.
+        w->broadcast(in.data(), kRead / 4 + extra, DType::Float32, 0)->wait();
+        // A reduce_scatter reads its block from each member: n blocks.
+        w->reduce_scatter(in.data(), out.data(), fits + extra, DType::Float32, ReduceOp::Sum)->wait();
+      });
+      j.daemon.settle();
+    };
+    run(0);
+    EXPECT_EQ(j.fast_requests(), 4u * static_cast<std::size_t>(n));
+    run(1);
+    EXPECT_EQ(j.fast_requests(), 4u * static_cast<std::size_t>(n));  // none more
+    EXPECT_EQ(j.daemon.requests().size(), 8u * static_cast<std::size_t>(n));
+  }
 }
 
 TEST(HostFast, FinishesWithoutTheDaemonsAnswer) {

@@ -64,6 +64,8 @@ void expect_builtin_defaults(const DaemonConfig& c) {
   EXPECT_EQ(c.fabric_endpoints, d.fabric_endpoints);
   EXPECT_EQ(c.direct_read_min_bytes, d.direct_read_min_bytes);
   EXPECT_EQ(c.fabric_algorithm, d.fabric_algorithm);
+  EXPECT_EQ(c.host_fast_bytes, d.host_fast_bytes);
+  EXPECT_EQ(c.host_fast_read_bytes, d.host_fast_read_bytes);
 }
 
 TEST(DaemonConfig, BuiltInDefaults) {
@@ -81,6 +83,16 @@ TEST(DaemonConfig, BuiltInDefaults) {
   EXPECT_EQ(c.fabric_interface, "auto");
   EXPECT_EQ(c.fabric_endpoints, 1);
   EXPECT_EQ(c.direct_read_min_bytes, std::optional<std::uint64_t>(8ull << 10));
+  EXPECT_EQ(c.host_fast_bytes, 512ull << 10);
+  EXPECT_EQ(c.host_fast_read_bytes, 1ull << 20);
+}
+
+TEST(DaemonConfig, HostFastPathTakesACellSizeAndAReadLimit) {
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_kib=0"}).host_fast_bytes, 0u);
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_kib=1024"}).host_fast_bytes, 1ull << 20);
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_read_kib=4096"}).host_fast_read_bytes, 4ull << 20);
+  expect_invalid("", {"daemon.host_fast_kib=1025"}, {"daemon.host_fast_kib"});
+  expect_invalid("", {"daemon.host_fast_read_kib=-1"}, {"daemon.host_fast_read_kib"});
 }
 
 // One endpoint per EFA device on AWS; 1..64, and a clear error otherwise.

@@ -81,6 +81,11 @@ class DaemonThread {
   ~DaemonThread() {
     if (thread_.joinable()) thread_.join();
   }
+  // Waits for the daemon to end (every rank detached) and returns its exit code.
+  int join() {
+    if (thread_.joinable()) thread_.join();
+    return rc_;
+  }
 
  private:
   static JobLayout layout(const std::string& job, int nproc) {
