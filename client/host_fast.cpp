@@ -28,24 +28,26 @@ void reduce(const FastCell& call, std::span<FastCell* const> cells, std::uint64_
 
 }  // namespace
 
-std::optional<std::uint64_t> largest_input(OpType op, std::uint64_t count, ipc::DType dtype, int members) {
-  const std::uint64_t e = ipc::dtype_size(dtype);
-  const auto n = static_cast<std::uint64_t>(members);
-  std::uint64_t bytes = 0;
+namespace {
+
+// Blocks of `count` elements the most demanding member publishes (`in`) and reads from the
+// cells (`read`) in a group of n; nullopt for operations the path does not take.
+struct Blocks {
+  std::uint64_t in = 0, read = 0;
+};
+std::optional<Blocks> blocks_of(OpType op, std::uint64_t n) {
   switch (op) {
-    case OpType::Barrier: return 0;
+    case OpType::Barrier: return Blocks{0, 0};
     case OpType::AllReduce:
     case OpType::Reduce:
-    case OpType::Broadcast:
     case OpType::AllGather:
     case OpType::Gather:
-      if (__builtin_mul_overflow(count, e, &bytes)) return std::nullopt;
-      return bytes;
+      return Blocks{1, n};  // its input; every member's (the root's read for reduce and gather)
+    case OpType::Broadcast: return Blocks{1, 1};
+    case OpType::Scatter: return Blocks{n, 1};  // the root's n blocks; one block each
     case OpType::ReduceScatter:
-    case OpType::Scatter:
     case OpType::AllToAll:
-      if (__builtin_mul_overflow(count, e, &bytes) || __builtin_mul_overflow(bytes, n, &bytes)) return std::nullopt;
-      return bytes;
+      return Blocks{n, n};  // n blocks each; a block from each member
     case OpType::Send:
     case OpType::Recv:
     case OpType::CommCreate:
@@ -54,30 +56,23 @@ std::optional<std::uint64_t> largest_input(OpType op, std::uint64_t count, ipc::
   return std::nullopt;
 }
 
-std::optional<std::uint64_t> largest_read(OpType op, std::uint64_t count, ipc::DType dtype, int members) {
-  std::uint64_t block = 0;
-  if (__builtin_mul_overflow(count, ipc::dtype_size(dtype), &block)) return std::nullopt;
-  const auto n = static_cast<std::uint64_t>(members);
+std::optional<std::uint64_t> bytes_of(std::uint64_t blocks, std::uint64_t count, ipc::DType dtype) {
   std::uint64_t bytes = 0;
-  switch (op) {
-    case OpType::Barrier: return 0;
-    case OpType::Broadcast:
-    case OpType::Scatter:
-      return block;
-    case OpType::AllReduce:
-    case OpType::Reduce:
-    case OpType::AllGather:
-    case OpType::Gather:
-    case OpType::ReduceScatter:
-    case OpType::AllToAll:
-      if (__builtin_mul_overflow(block, n, &bytes)) return std::nullopt;
-      return bytes;
-    case OpType::Send:
-    case OpType::Recv:
-    case OpType::CommCreate:
-      return std::nullopt;
-  }
-  return std::nullopt;
+  if (__builtin_mul_overflow(count, ipc::dtype_size(dtype), &bytes) || __builtin_mul_overflow(bytes, blocks, &bytes))
+    return std::nullopt;
+  return bytes;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> largest_input(OpType op, std::uint64_t count, ipc::DType dtype, int members) {
+  const auto b = blocks_of(op, static_cast<std::uint64_t>(members));
+  return b ? bytes_of(b->in, count, dtype) : std::nullopt;
+}
+
+std::optional<std::uint64_t> largest_read(OpType op, std::uint64_t count, ipc::DType dtype, int members) {
+  const auto b = blocks_of(op, static_cast<std::uint64_t>(members));
+  return b ? bytes_of(b->read, count, dtype) : std::nullopt;
 }
 
 bool fits(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t cell_bytes,
