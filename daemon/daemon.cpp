@@ -931,15 +931,17 @@ void Daemon::on_rank_exit(const RankExit& ex) {
     return std::get<0>(e.first) == ex.local_rank || std::get<1>(e.first) == ex.local_rank;
   });
   release_notices_.erase(ex.local_rank);
-  slot.state.store(static_cast<std::uint32_t>(clean ? ipc::SlotState::Exited : ipc::SlotState::Failed),
-                   std::memory_order_release);
   if (clean) {
+    slot.state.store(static_cast<std::uint32_t>(ipc::SlotState::Exited), std::memory_order_release);
     spdlog::info("{}", what);
     exited_slots_.push_back(ex.local_rank);
     resolve(matcher_.fail_waiting_for(ex.local_rank, Status::PeerFailed, what + " while others wait for it"));
   } else {
     spdlog::error("{}", what);
     fail_job(what, exit_code_of(ex.wait_status));
+    // Only after the job's error is published: a peer that sees this slot Failed must find the
+    // reason (pid, signal) in the header, not just that the rank is gone.
+    slot.state.store(static_cast<std::uint32_t>(ipc::SlotState::Failed), std::memory_order_release);
   }
 }
 
