@@ -76,10 +76,11 @@ std::optional<std::uint64_t> largest_read(OpType op, std::uint64_t count, ipc::D
 }
 
 bool fits(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t cell_bytes,
-          std::uint64_t read_bytes) {
+          std::uint64_t read_bytes, std::uint64_t reduce_bytes) {
   const auto in = largest_input(op, count, dtype, members);
   const auto read = largest_read(op, count, dtype, members);
-  return in && read && *in <= cell_bytes && *read <= read_bytes;
+  if (!in || !read || *in > cell_bytes || *read > read_bytes) return false;
+  return (op != OpType::AllReduce && op != OpType::Reduce) || *read <= reduce_bytes;
 }
 
 std::uint64_t input_bytes(OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root) {

@@ -29,6 +29,24 @@ struct SplitReduceMin {
   bool operator==(const SplitReduceMin&) const = default;
 };
 
+// daemon.host_fast_reduce_kib: "auto" (the default) or a size. Auto: 256 KiB when the node's
+// ranks and its daemon have a core each, 1 MiB when they share cores. Each member of a fast
+// all-reduce reduces every member's input: n times the arithmetic of the reduction split among
+// the ranks, which wins once the ranks run at once (4 ranks at 128 KiB: 2.2x on 16 cores), while
+// on shared cores the split's hand-offs cost more than the extra reads (docs/performance.md).
+struct HostFastReduce {
+  static constexpr std::uint64_t kWithCores = 256ull << 10;
+  static constexpr std::uint64_t kSharedCores = 1ull << 20;
+  bool automatic = true;
+  std::uint64_t bytes = 0;  // when not automatic
+  static HostFastReduce fixed(std::uint64_t b) { return {false, b}; }
+  std::uint64_t resolve(bool shared_cores) const {
+    if (!automatic) return bytes;
+    return shared_cores ? kSharedCores : kWithCores;
+  }
+  bool operator==(const HostFastReduce&) const = default;
+};
+
 struct DaemonConfig {
   std::string config_path;  // "" when built-in defaults are used
   std::uint64_t arena_bytes = 32ull << 20;
@@ -47,9 +65,11 @@ struct DaemonConfig {
   // in groups within one node (ipc::kFlagHostFast): the size of each fast cell; 0: off.
   std::uint64_t host_fast_bytes = 512ull << 10;
   // ... and whose largest member reads at most this many bytes from the cells (a member of an
-  // all-reduce reads every member's input: 512 KiB each with 2 ranks, 256 KiB with 4, 128 KiB
-  // with 8). Beyond it the reduction split among the ranks is faster (docs/performance.md).
+  // all-reduce or all-gather reads every member's input; 512 KiB each with 2 ranks).
   std::uint64_t host_fast_read_bytes = 1ull << 20;
+  // ... and, for all-reduce and reduce, reduces at most this many: beyond it the reduction split
+  // among the ranks is faster.
+  HostFastReduce host_fast_reduce;
   std::chrono::seconds stall_warning{60};
   std::chrono::seconds collective_timeout{1800};
   std::chrono::seconds exit_grace{10};

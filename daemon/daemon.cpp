@@ -62,6 +62,7 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
   s.chunk_bytes = c.chunk_bytes;
   s.fast_cell_bytes = c.host_fast_bytes;
   s.fast_read_bytes = c.host_fast_read_bytes;
+  s.fast_reduce_bytes = c.host_fast_reduce.resolve(ipc::yield_between_polls(l.nproc_per_node + 1));
   return s;
 }
 
@@ -89,10 +90,12 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
       host_(segment_, parallelism_of(config_)),
       ranks_(static_cast<std::size_t>(layout_.nproc_per_node)),
       started_(Clock::now()) {
-  spdlog::info("spinning: {} rank(s) and the daemon on {} core(s), {}; host allreduce and reduce split among the ranks {}",
+  spdlog::info("spinning: {} rank(s) and the daemon on {} core(s), {}; host allreduce and reduce split among the ranks {}; "
+               "the host fast path reduces at most {} KiB a member",
                layout_.nproc_per_node, ipc::usable_cores(),
                yield_between_polls_ ? "yielding between polls" : "a core each, no yield",
-               split_reduce_min_ ? "from " + std::to_string(*split_reduce_min_ >> 10) + " KiB a chunk" : std::string("off"));
+               split_reduce_min_ ? "from " + std::to_string(*split_reduce_min_ >> 10) + " KiB a chunk" : std::string("off"),
+               segment_.header().fast_reduce_bytes >> 10);
   if (internode) {
     internode::Engine::Options o;
     o.default_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config_.collective_timeout);

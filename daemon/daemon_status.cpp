@@ -103,7 +103,8 @@ void Daemon::update_status(Clock::time_point now) {
              // Small host collectives the ranks ran among themselves (ipc::kFlagHostFast).
              {"host_fast_path",
               {{"cell_bytes", config_.host_fast_bytes},
-               {"read_bytes", config_.host_fast_read_bytes},
+               {"read_bytes", segment_.header().fast_read_bytes},
+               {"reduce_bytes", segment_.header().fast_reduce_bytes},
                {"operations", host_fast_ops_},
                {"communicators", fast_lane_of_.size()}}},
              {"internode", internode_status()},

@@ -34,15 +34,17 @@ namespace ipc = smddp::ipc;
 constexpr std::uint64_t kCell = 4096;
 
 struct Job {
-  explicit Job(int n, std::uint64_t cell = kCell, std::uint64_t read = 1ull << 20)
-      : job(unique_job("fast")), daemon(spec(job, n, cell, read)) {
+  explicit Job(int n, std::uint64_t cell = kCell, std::uint64_t read = 1ull << 20, std::uint64_t reduce = 1ull << 20)
+      : job(unique_job("fast")), daemon(spec(job, n, cell, read, reduce)) {
     daemon.start();
     for (int r = 0; r < n; ++r) ranks.push_back(Client::attach(attach_options(job, r, n, n)));
   }
-  static ipc::SegmentSpec spec(const std::string& job, int n, std::uint64_t cell, std::uint64_t read) {
+  static ipc::SegmentSpec spec(const std::string& job, int n, std::uint64_t cell, std::uint64_t read,
+                               std::uint64_t reduce) {
     auto s = small_spec(job, n, n);
     s.fast_cell_bytes = cell;
     s.fast_read_bytes = read;
+    s.fast_reduce_bytes = reduce;
     return s;
   }
   // Runs f(rank) on a thread per rank; rethrows the first failure.
@@ -170,6 +172,35 @@ TEST(HostFast, TheReadLimitIsTheBoundaryForEachGroupSize) {
     EXPECT_EQ(j.fast_requests(), 4u * static_cast<std::size_t>(n));
     run(1);
     EXPECT_EQ(j.fast_requests(), 4u * static_cast<std::size_t>(n));  // none more
+    EXPECT_EQ(j.daemon.requests().size(), 8u * static_cast<std::size_t>(n));
+  }
+}
+
+// All-reduce and reduce have a limit of their own: every member reduces every input, n times the
+// arithmetic of the reduction split among the ranks. It bounds them alone; an all-gather that
+// reads as much still takes the path. Checked at the limit and one element past it.
+TEST(HostFast, TheReduceLimitBoundsAllReduceAndReduceAlone) {
+  constexpr std::uint64_t kRead = 12288, kReduce = 4096;
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(n);
+    Job j(n, 4 * kRead, kRead, kReduce);
+    const std::uint64_t fits = kReduce / 4 / static_cast<std::uint64_t>(n);  // float32 elements of a member's input
+    const auto run = [&](std::uint64_t extra) {
+      j.each([&](int r) {
+        auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+        std::vector<float> in(kRead, 1.f), out(4 * kRead);
+        w->allreduce(in.data(), out.data(), fits + extra, DType::Float32, ReduceOp::Sum)->wait();
+        w->reduce(in.data(), out.data(), fits + extra, DType::Float32, ReduceOp::Sum, 0)->wait();
+        w->allgather(in.data(), out.data(), fits + extra, DType::Float32)->wait();
+        // A reduce_scatter reads a block from each member and reduces it once: the read limit.
+        w->reduce_scatter(in.data(), out.data(), fits + extra, DType::Float32, ReduceOp::Sum)->wait();
+      });
+      j.daemon.settle();
+    };
+    run(0);
+    EXPECT_EQ(j.fast_requests(), 4u * static_cast<std::size_t>(n));
+    run(1);
+    EXPECT_EQ(j.fast_requests(), 6u * static_cast<std::size_t>(n));  // the all-gather and reduce_scatter only
     EXPECT_EQ(j.daemon.requests().size(), 8u * static_cast<std::size_t>(n));
   }
 }

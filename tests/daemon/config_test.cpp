@@ -66,6 +66,7 @@ void expect_builtin_defaults(const DaemonConfig& c) {
   EXPECT_EQ(c.fabric_algorithm, d.fabric_algorithm);
   EXPECT_EQ(c.host_fast_bytes, d.host_fast_bytes);
   EXPECT_EQ(c.host_fast_read_bytes, d.host_fast_read_bytes);
+  EXPECT_EQ(c.host_fast_reduce, d.host_fast_reduce);
 }
 
 TEST(DaemonConfig, BuiltInDefaults) {
@@ -85,14 +86,27 @@ TEST(DaemonConfig, BuiltInDefaults) {
   EXPECT_EQ(c.direct_read_min_bytes, std::optional<std::uint64_t>(8ull << 10));
   EXPECT_EQ(c.host_fast_bytes, 512ull << 10);
   EXPECT_EQ(c.host_fast_read_bytes, 1ull << 20);
+  EXPECT_EQ(c.host_fast_reduce, HostFastReduce{});
 }
 
-TEST(DaemonConfig, HostFastPathTakesACellSizeAndAReadLimit) {
+TEST(DaemonConfig, HostFastPathTakesACellSizeAReadLimitAndAReduceLimit) {
   EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_kib=0"}).host_fast_bytes, 0u);
   EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_kib=1024"}).host_fast_bytes, 1ull << 20);
   EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_read_kib=4096"}).host_fast_read_bytes, 4ull << 20);
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_reduce_kib=4096"}).host_fast_reduce, HostFastReduce::fixed(4ull << 20));
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_reduce_kib=4096"}).host_fast_reduce.resolve(false), 4ull << 20);
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_reduce_kib=0"}).host_fast_reduce.resolve(true), 0u);
+  // Auto: ranks with a core each reduce less on the fast path than ranks that share cores.
+  const HostFastReduce automatic =
+      DaemonConfig::load("", {"daemon.host_fast_reduce_kib=64", "daemon.host_fast_reduce_kib=auto"}).host_fast_reduce;
+  EXPECT_TRUE(automatic.automatic);
+  EXPECT_EQ(automatic.resolve(false), 256ull << 10);
+  EXPECT_EQ(automatic.resolve(true), 1ull << 20);
   expect_invalid("", {"daemon.host_fast_kib=1025"}, {"daemon.host_fast_kib"});
   expect_invalid("", {"daemon.host_fast_read_kib=-1"}, {"daemon.host_fast_read_kib"});
+  expect_invalid("", {"daemon.host_fast_read_kib=auto"}, {"daemon.host_fast_read_kib"});
+  expect_invalid("", {"daemon.host_fast_reduce_kib=never"}, {"daemon.host_fast_reduce_kib"});
+  expect_invalid("", {"daemon.host_fast_reduce_kib=-1"}, {"daemon.host_fast_reduce_kib"});
 }
 
 // One endpoint per EFA device on AWS; 1..64, and a clear error otherwise.
