@@ -19,7 +19,7 @@ def test_soak_mixed_collectives_resources_flat():
                   timeout=3000 if LONG else 280, smddprun_args=nodes)
     # Each rank runs the operations of the groups it belongs to: at least half of them.
     res.assert_ok(min_checks=ops // 2)
-    snaps = dict(re.findall(r"^SMDDP-RESOURCES (start|end) (.*)$", res.output, re.M))
+    snaps = dict(re.findall(r"^SMDDP-RESOURCES (start|end) (.*)$", res.records, re.M))
     assert set(snaps) == {"start", "end"}, res.output[-3000:]
     start, end = json.loads(snaps["start"]), json.loads(snaps["end"])
     for r, (a, b) in enumerate(zip(start, end)):

@@ -31,7 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from common import Checker, init, pattern
+from common import Checker, emit, init, pattern
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -253,7 +253,9 @@ def report(when, daemon_pid):
     got = [None] * W
     dist.all_gather_object(got, resources(daemon_pid))
     if rank == 0:
-        print("SMDDP-RESOURCES %s %s" % (when, json.dumps(got)), flush=True)
+        # One write, and a record file: a print could be cut by another rank's line in the
+        # launcher's forwarded output.
+        emit("SMDDP-RESOURCES %s %s" % (when, json.dumps(got)))
 
 
 from smdistributed.dataparallel.torch import _smddp_c  # noqa: E402
