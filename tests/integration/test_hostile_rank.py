@@ -12,12 +12,16 @@ from test_failures import results
 
 HOSTILE = 1
 
+# The attacks below make the daemon log a warning per refused request; mpirun forwards that flood
+# in chunks that need not end at a line's end, so a rank's line can follow part of a daemon line.
+# The rank lines are matched where they start, not at a line's start.
+
 
 def run(job, mode, nproc=4, extra=()):
     r = job.run(nproc, "hostile_rank", "--mode", mode, "--hostile", HOSTILE, timeout=120, extra=extra)
     assert "WRONG" not in r.stdout, r.stdout[-3000:]
     assert not re.search(r"Segmentation|core dumped|Aborted", r.stdout), r.stdout[-3000:]
-    m = re.search(r"^ATTACK ([\d.]+)$", r.stdout, re.M)
+    m = re.search(r"ATTACK ([\d.]+)$", r.stdout, re.M)
     assert m, "the hostile rank did not get to attack:\n" + r.stdout[-3000:]
     return r, float(m.group(1))
 
@@ -45,7 +49,7 @@ def test_a_corrupting_rank_fails_the_job_naming_it(job, mode, why):
 def test_random_descriptors_are_refused_and_the_job_goes_on(job):
     r, _ = run(job, "garbage")
     assert r.returncode == 0, r.stdout[-3000:]
-    assert sorted(int(m) for m in re.findall(r"^OK (\d+) 50$", r.stdout, re.M)) == [0, 1, 2, 3], r.stdout[-3000:]
+    assert sorted(int(m) for m in re.findall(r"OK (\d+) 50$", r.stdout, re.M)) == [0, 1, 2, 3], r.stdout[-3000:]
     assert "invalid request" in r.stdout, "the daemon logged no refusal:\n" + r.stdout[-3000:]
 
 
