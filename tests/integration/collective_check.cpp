@@ -3,6 +3,8 @@
 // float64 or exact integers). Prints one line per failure; exits 1 if anything was wrong.
 //
 //   collective_check [--sizes 0,1,7,262147] [--big-bytes 67108864] [--dtypes all|float32,...]
+#include <malloc.h>
+
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -327,6 +329,12 @@ int main(int argc, char** argv) {
   }
   if (dtypes.empty())
     for (int d = 0; d < smddp::ipc::kDTypeCount; ++d) dtypes.push_back(static_cast<DType>(d));
+  // Buffers come from the heap and stay there once freed: a 64 MiB case allocates up to 768 MiB
+  // a rank, which glibc would map and unmap case after case. On a virtual machine whose page
+  // faults are slow, faulting those pages in took most of the long run's time (perf of a rank:
+  // memset on fresh pages and the kernel's fault path, over three quarters of its samples).
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);
   try {
     auto client = Client::attach(AttachOptions::from_env());
     auto world = client->world();

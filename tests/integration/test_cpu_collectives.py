@@ -50,7 +50,7 @@ def test_every_collective_64_mib(job):
 @pytest.mark.skipif(os.environ.get("SMDDP_LONG_TESTS") != "1",
                     reason="long run (all nine dtypes at 64 MiB, about ten minutes): scripts/test.sh --long")
 def test_every_collective_64_mib_all_dtypes(job):
-    r = job.run(4, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20)
+    r = job.run(4, "collective_check", "--sizes", "7", "--big-bytes", 64 << 20, timeout=1800)
     assert r.returncode == 0, r.stdout[-4000:]
     assert_all_ranks_passed(r.stdout, 4)
 
