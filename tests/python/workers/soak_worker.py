@@ -21,6 +21,7 @@ rank R calls the first world all-reduce from operation I on with one element mor
 refuse into its own request ring (the test library inject_malformed.cpp, through ctypes).
 --pg-timeout S: the groups' timeout in seconds."""
 
+import ctypes
 import datetime
 import json
 import os
@@ -250,6 +251,9 @@ def resources(daemon_pid):
 
 def report(when, daemon_pid):
     dist.barrier()
+    # Free heap memory goes back to the system first: what is left is what the rank holds, not
+    # what glibc keeps for the next large tensor, which depends on the order of the frees.
+    ctypes.CDLL(None).malloc_trim(0)
     got = [None] * W
     dist.all_gather_object(got, resources(daemon_pid))
     if rank == 0:
@@ -270,7 +274,6 @@ malformed = False
 
 def post_malformed():
     """Pushes the refused descriptor (inject_malformed.cpp) with nothing else of this rank in flight."""
-    import ctypes
     settle()
     lib = ctypes.CDLL(os.path.join(os.environ["SMDDP_BUILD_DIR"], "lib", "libsmddp_test_inject.so"))
     info = _smddp_c.client_info()
