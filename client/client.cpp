@@ -227,7 +227,7 @@ void ClientImpl::run(Deferred& deferred) {
   deferred.released.clear();
 }
 
-std::shared_ptr<OpState> ClientImpl::submit(OpPlan plan, std::chrono::milliseconds timeout) {
+std::shared_ptr<OpState> ClientImpl::submit(OpPlan&& plan, std::chrono::milliseconds timeout) {
   auto op = std::make_shared<OpState>(shared_from_this(), std::move(plan), timeout);
   if (op->stage_bytes(0) > alloc_.capacity())
     throw Error(Status::InvalidRequest, std::string(ipc::to_string(op->plan_.base.op)) + " needs " +

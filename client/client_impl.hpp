@@ -12,6 +12,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include <boost/container/small_vector.hpp>
+
 #include "client/arena_allocator.hpp"
 #include "client/client.hpp"
 #include "ipc/segment.hpp"
@@ -45,7 +47,8 @@ class OpState;
 // callbacks to run, and op references to drop (the last one may destroy the client).
 struct Deferred {
   std::vector<std::function<void()>> callbacks;
-  std::vector<std::shared_ptr<OpState>> released;
+  // Inline room for the few ops a call usually releases: a small op would allocate here twice.
+  boost::container::small_vector<std::shared_ptr<OpState>, 4> released;
 };
 
 // A communicator's operation numbering. The client keeps the world's, so a world()
@@ -77,31 +80,32 @@ struct OpPlan {
   std::uint64_t in_blocks = 0;    // blocks staged from `in` per chunk (0: no input)
   std::uint64_t out_blocks = 0;   // blocks copied to `out` per chunk (0: no output)
   std::uint64_t user_stride = 0;  // elements between blocks in the user buffers
-  bool in_place_stage = false;    // output region is the input region (allreduce, broadcast root)
   std::vector<std::byte> aux;     // aux payload (split tables, member lists)
   std::uint64_t in_bytes_total = 0, out_bytes_total = 0;  // unchunked forms (alltoallv)
-  bool unchunked = false;
   // GPU path: the buffers travel as prebuilt CUDA references; nothing is staged but aux.
-  bool device = false;
   ipc::BufferRef dev_in, dev_out;
-  int wait_event = -1;
   std::uint64_t wait_value = 0;
-  bool rank_exec = false;
   std::uint64_t exec_token = 0;
-  // Host path on memory the client cannot memcpy (CallOptions::copier).
-  std::shared_ptr<StagingCopier> copier;
-  // CallOptions::rail: the caller orders it against other operations on the same memory.
-  bool ordered_by_caller = false;
-  // The communicator's numbering (collectives only): a failure turns its host fast path off.
-  std::shared_ptr<SeqState> comm_state;
+  int wait_event = -1;
   // The host fast path: the lane and this op's fast-op number on it (fast_k 0: not fast).
   int fast_lane = -1;
   std::uint64_t fast_k = 0;
+  // Host path on memory the client cannot memcpy (CallOptions::copier).
+  std::shared_ptr<StagingCopier> copier;
+  // The communicator's numbering (collectives only): a failure turns its host fast path off.
+  std::shared_ptr<SeqState> comm_state;
+  // The flags sit together: an OpState then stays within the allocator's per-thread cache.
+  bool in_place_stage = false;  // output region is the input region (allreduce, broadcast root)
+  bool unchunked = false;
+  bool device = false;  // GPU path
+  bool rank_exec = false;
+  // CallOptions::rail: the caller orders it against other operations on the same memory.
+  bool ordered_by_caller = false;
 };
 
 class OpState final : public Work, public std::enable_shared_from_this<OpState> {
  public:
-  OpState(std::shared_ptr<ClientImpl> client, OpPlan plan, std::chrono::milliseconds timeout);
+  OpState(std::shared_ptr<ClientImpl> client, OpPlan&& plan, std::chrono::milliseconds timeout);
 
   bool test() override;
   void wait(std::chrono::milliseconds timeout) override;
@@ -114,8 +118,8 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
 
  private:
   friend class ClientImpl;
-  std::atomic<int> daemon_event_{-1};
   std::atomic<std::uint64_t> daemon_value_{0};
+  std::atomic<int> daemon_event_{-1};
   std::uint64_t chunk_count(std::uint64_t k) const;
   std::uint64_t stage_bytes(std::uint64_t k) const;
 
@@ -127,9 +131,13 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
   std::uint64_t finished_ = 0;  // chunks answered
   std::uint64_t inflight_ = 0;
   Status status_ = Status::Ok;  // guarded by the client's mutex
+  std::atomic<bool> done_{false};
+  // The host fast path: its input is in its cell (published); the members' cells disagree on
+  // the call (the daemon's answer says how).
+  bool fast_published_ = false;
+  bool fast_mismatch_ = false;
   std::string error_;
   std::vector<std::function<void()>> callbacks_;  // this op's on_complete callbacks
-  std::atomic<bool> done_{false};
   // Memory order against earlier ops (ClientImpl::touching_), under the client's mutex.
   std::uint64_t in_span_ = 0, out_span_ = 0;  // bytes of plan_.in it reads, of plan_.out it writes
   struct Dep {
@@ -138,10 +146,6 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
     bool writes;  // it writes memory this one touches: wait for its end, not only its reads
   };
   std::vector<Dep> deps_;  // what must come first before this op's first chunk is copied in
-  // The host fast path: its input is in its cell (published), the members' cells disagree on
-  // the call (the daemon's answer says how), and its cell's lane mark moved past it.
-  bool fast_published_ = false;
-  bool fast_mismatch_ = false;
   // Its request to the daemon (0: none yet). The daemon answers it only with an error, which
   // matters only until the op is done (ClientImpl::fast_answer_locked).
   std::uint64_t fast_request_ = 0;
@@ -181,10 +185,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   GpuWork gpu_work() const override;
 
   // Queues an operation and submits what fits. Throws Error if the client is unusable.
-  std::shared_ptr<OpState> submit(OpPlan plan, std::chrono::milliseconds timeout);
+  std::shared_ptr<OpState> submit(OpPlan&& plan, std::chrono::milliseconds timeout);
   // The host fast path (host_fast_path.cpp): runs a small collective of a group within this
   // node through the members' fast cells; the daemon only hears of it.
-  std::shared_ptr<OpState> submit_fast(OpPlan plan, std::chrono::milliseconds timeout);
+  std::shared_ptr<OpState> submit_fast(OpPlan&& plan, std::chrono::milliseconds timeout);
   // Input bytes a fast cell holds (0: no host fast path on this node).
   std::uint64_t fast_cell_bytes() const { return segment_.header().fast_cell_bytes; }
   std::uint64_t fast_read_bytes() const { return segment_.header().fast_read_bytes; }

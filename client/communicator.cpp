@@ -284,7 +284,7 @@ class CommImpl final : public Communicator {
     return p;
   }
 
-  WorkPtr go(OpPlan p, const CallOptions& o) {
+  WorkPtr go(OpPlan&& p, const CallOptions& o) {
     if (o.copier) {
       if (p.device) throw Error(Status::InvalidRequest, "a GPU-path request has no staging to copy through");
       p.copier = o.copier;

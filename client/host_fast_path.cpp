@@ -23,7 +23,7 @@ std::string rank_of_slot(const ipc::Segment& seg, int slot) { return std::to_str
 
 }  // namespace
 
-std::shared_ptr<OpState> ClientImpl::submit_fast(OpPlan plan, std::chrono::milliseconds timeout) {
+std::shared_ptr<OpState> ClientImpl::submit_fast(OpPlan&& plan, std::chrono::milliseconds timeout) {
   auto op = std::make_shared<OpState>(shared_from_this(), std::move(plan), timeout);
   Deferred callbacks;
   bool published = false;
@@ -236,6 +236,11 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
   if (job_failed)
     for (auto& op : fast_)
       if (!op->done()) fail_fast_locked(*op, Status::PeerFailed, job_error(), callbacks);
+  // Each lane finishes in order: the done ones are usually at the front.
+  while (!fast_.empty() && fast_.front()->done()) {
+    callbacks.released.push_back(std::move(fast_.front()));
+    fast_.pop_front();
+  }
   for (auto it = fast_.begin(); it != fast_.end();) {
     if ((*it)->done()) {
       callbacks.released.push_back(std::move(*it));
