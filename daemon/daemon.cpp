@@ -267,6 +267,10 @@ int Daemon::loop() {
     spdlog::info("traffic {}: {} bytes GPU to arena, {} arena to GPU, {} reduced by the daemon, {} sent on the fabric", op,
                  t.value("to_host_bytes", std::uint64_t{0}), t.value("to_device_bytes", std::uint64_t{0}),
                  t.value("daemon_reduced_bytes", std::uint64_t{0}), t.value("fabric_sent_bytes", std::uint64_t{0}));
+  for (std::size_t s = 0; s < ranks_.size(); ++s)
+    if (ranks_[s].invalid > kInvalidLogged)
+      spdlog::warn("rank {} posted {} invalid requests in all, {} of them logged", segment_.slot(static_cast<int>(s)).rank,
+                   ranks_[s].invalid, kInvalidLogged);
   segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Stopping), std::memory_order_release);
   spdlog::info("all ranks exited; job exit status {}; {} collectives ({} on the ranks' host fast path), {} bytes",
                exit_code_, collectives_done_, host_fast_ops_, bytes_moved_);
@@ -377,7 +381,10 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
   }
   // --- end GPU path
   if (auto err = ipc::validate_request(d, ctx)) {
-    spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
+    if (++info.invalid <= kInvalidLogged) spdlog::warn("rank {}: {}", segment_.slot(slot).rank, *err);
+    if (info.invalid == kInvalidLogged)
+      spdlog::warn("rank {}: {} invalid requests; its further ones are counted, not logged (the job's end gives the count)",
+                   segment_.slot(slot).rank, kInvalidLogged);
     return refuse(Status::InvalidRequest, *err);
   }
   if ((d.flags & ipc::kFlagHostFast) && !fast_lane_of_.contains(d.comm_id))

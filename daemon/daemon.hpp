@@ -88,7 +88,11 @@ class Daemon {
     std::uint64_t last_seq = 0;
     std::uint64_t pending = 0;
     std::uint64_t released_read = 0;  // RankSlot::released_ids read so far
+    std::uint64_t invalid = 0;        // its requests refused as invalid (logged: the first kInvalidLogged)
   };
+  // A rank that keeps posting invalid requests (a bug or a hostile process) would otherwise
+  // flood the log with one warning each: thousands of lines that bury the job's own.
+  static constexpr std::uint64_t kInvalidLogged = 10;
 
   bool poll_rings(Clock::time_point now);
   void handle_request(int slot, const ipc::RequestDesc& d, Clock::time_point now);

@@ -12,9 +12,9 @@ from test_failures import results
 
 HOSTILE = 1
 
-# The attacks below make the daemon log a warning per refused request; mpirun forwards that flood
-# in chunks that need not end at a line's end, so a rank's line can follow part of a daemon line.
-# The rank lines are matched where they start, not at a line's start.
+# The daemon logs the first 10 refused requests of a rank and counts the rest. mpirun forwards
+# its output in chunks that need not end at a line's end, so a rank's line can follow part of a
+# daemon line: the rank lines are matched where they start, not at a line's start.
 
 
 def run(job, mode, nproc=4, extra=()):
@@ -44,6 +44,11 @@ def test_a_corrupting_rank_fails_the_job_naming_it(job, mode, why):
         # no-drain: the daemon gives a full completion ring 5 s before it gives up on the rank.
         assert at - attacked < (10.0 if mode == "no-drain" else 5.0), (rank, at - attacked, msg)
     assert f"rank {HOSTILE} {why}" in r.stdout  # the daemon's log names it too
+    if mode == "no-drain":
+        # Hundreds of refused requests: ten warnings, then a count at the job's end.
+        assert len(re.findall(rf"rank {HOSTILE}: invalid request", r.stdout)) <= 10, r.stdout[-3000:]
+        m = re.search(rf"rank {HOSTILE} posted (\d+) invalid requests in all, 10 of them logged", r.stdout)
+        assert m and int(m.group(1)) > 10, r.stdout[-3000:]
 
 
 def test_random_descriptors_are_refused_and_the_job_goes_on(job):
