@@ -247,10 +247,11 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
   };
   while (!op.done()) {
     wakes = waker_->count.load(std::memory_order_acquire);
+    Clock::time_point now{};  // read once a round, and only if the op is still running
     {
       std::lock_guard lk(mu_);
       progress_locked(callbacks);
-      if (!op.done() && Clock::now() >= op.deadline_) {
+      if (!op.done() && (now = Clock::now()) >= op.deadline_) {
         if (op.status_ == Status::Ok) {
           op.status_ = Status::Timeout;
           const auto blocker = std::find_if(op.deps_.begin(), op.deps_.end(), [](const OpState::Dep& d) {
@@ -284,7 +285,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
     }
     run(callbacks);
     if (op.done()) break;
-    if (Clock::now() >= until) return false;
+    if (until != Clock::time_point::max() && (now == Clock::time_point{} ? Clock::now() : now) >= until) return false;
     ipc::spin_then_wait(slot_.client_bell, ready, std::min(until, op.deadline_), kSpin,
                         std::chrono::duration_cast<std::chrono::microseconds>(kSlice), yield_between_polls_, [&] {
                           std::lock_guard lk(mu_);
