@@ -258,7 +258,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::vector<std::shared_ptr<OpState>> p2p_;
   // Host fast-path ops not finished, or finished but not yet passed by their lane's mark
   // (RankSlot::fast_done), in issue order. fast_published_: the last number published per lane.
-  std::deque<std::shared_ptr<OpState>> fast_;
+  std::vector<std::shared_ptr<OpState>> fast_;
   std::array<std::uint64_t, ipc::kFastLanes> fast_published_{};
   bool fast_rang_daemon_ = false;  // the request ring was at least half full after the last fast post
   std::atomic<std::size_t> fast_count_{0};  // fast_.size(), for waiting threads' looks

@@ -247,7 +247,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
   };
   while (!op.done()) {
     wakes = waker_->count.load(std::memory_order_acquire);
-    Clock::time_point now{};  // read once a round, and only if the op is still running
+    Clock::time_point now{};  // read once a round, only while the op is still running
     {
       std::lock_guard lk(mu_);
       progress_locked(callbacks);
@@ -285,7 +285,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
     }
     run(callbacks);
     if (op.done()) break;
-    if (until != Clock::time_point::max() && (now == Clock::time_point{} ? Clock::now() : now) >= until) return false;
+    if (now >= until) return false;  // `now` was read: the op was still running
     ipc::spin_then_wait(slot_.client_bell, ready, std::min(until, op.deadline_), kSpin,
                         std::chrono::duration_cast<std::chrono::microseconds>(kSlice), yield_between_polls_, [&] {
                           std::lock_guard lk(mu_);
@@ -390,11 +390,12 @@ bool OpState::test() {
 }
 
 void OpState::wait(std::chrono::milliseconds timeout) {
-  const auto until = done() ? Clock::time_point::max()  // finished when issued (host fast path): no clock read
-                            : timeout.count() > 0 ? Clock::now() + timeout : Clock::time_point::max();
-  if (!done() && !client_->wait_for(*this, until))
-    throw Error(Status::Timeout, std::string(ipc::to_string(plan_.base.op)) + " did not finish within " +
-                                     std::to_string(timeout.count()) + " ms");
+  if (!done()) {  // a host fast-path op is often finished when issued: no clock read then
+    const auto until = timeout.count() > 0 ? Clock::now() + timeout : Clock::time_point::max();
+    if (!client_->wait_for(*this, until))
+      throw Error(Status::Timeout, std::string(ipc::to_string(plan_.base.op)) + " did not finish within " +
+                                       std::to_string(timeout.count()) + " ms");
+  }
   std::lock_guard lk(client_->mutex());
   if (status_ != Status::Ok) throw Error(status_, error_);
 }
