@@ -164,7 +164,7 @@ ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
 
 void ClientImpl::start() {
   progress_ = std::thread([this] { progress_thread(); });
-  watch_for_orphaning(daemon_pid_);
+  watch_for_orphaning(daemon_pid_, orphan_grace_from_env());
 }
 
 

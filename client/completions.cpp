@@ -311,10 +311,12 @@ void ClientImpl::progress_thread() {
     const auto runnable = [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_ || !outbox_.empty())); };
     const auto watching = [&] { return failure_handler_ && !failure_reported_; };
     bool woken = true;
-    if (watching()) {
+    if (watching() || dead_.empty()) {
       // The GPU path is in use: a hierarchical operation's closing barrier can keep this rank's
       // GPU waiting on a peer after every operation finished here, with no thread of this
-      // process in the client. A peer's death must still reach the failure handler.
+      // process in the client. A peer's death must still reach the failure handler. And the
+      // daemon is watched while this rank is away: a call after it died must fail, not run on
+      // the host fast path among the ranks as if the job were alive.
       woken = work_cv_.wait_for(lk, kIdleWatch, runnable);
     } else {
       work_cv_.wait(lk, [&] { return runnable() || watching(); });

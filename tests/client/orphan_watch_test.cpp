@@ -101,5 +101,17 @@ TEST_F(OrphanWatch, ARankThatIsNotItsDaemonsChildIsNotWatched) {
   end(f.rank);
 }
 
+TEST(OrphanGrace, IsTheDaemonsNumberOrElseTheDefault) {
+  ::unsetenv("SMDDP_ORPHAN_GRACE_S");
+  EXPECT_EQ(orphan_grace_from_env(), kOrphanGrace);
+  ::setenv("SMDDP_ORPHAN_GRACE_S", "1800", 1);
+  EXPECT_EQ(orphan_grace_from_env(), 1800s);
+  for (const char* bad : {"", "0", "-5", "12x", "x"}) {
+    ::setenv("SMDDP_ORPHAN_GRACE_S", bad, 1);
+    EXPECT_EQ(orphan_grace_from_env(), kOrphanGrace) << "'" << bad << "'";
+  }
+  ::unsetenv("SMDDP_ORPHAN_GRACE_S");
+}
+
 }  // namespace
 }  // namespace smddp::client

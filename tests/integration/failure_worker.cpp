@@ -15,6 +15,9 @@
 //                     with a --seconds timeout: rank --victim first, then it writes its pid to
 //                     DIR/victim.pid and stops itself (SIGSTOP); the others once DIR/go exists
 //                     (the test makes it once the victim stopped), and report how their wait ended
+//   --mode busy       every rank writes DIR/ready.<rank>, then works outside smddp for --seconds
+//                     (the test kills the daemon meanwhile), then calls an allreduce and writes
+//                     how it ended to DIR/result.<rank> (the launcher may be gone by then)
 // Each rank prints "RESULT <rank> <unix time of the error> <message>" when an operation
 // fails, and exits 1 after a failure (as an uncaught exception would), 0 otherwise.
 #include <signal.h>
@@ -129,6 +132,21 @@ int main(int argc, char** argv) {
       return 0;
     }
     return report(me, *world->allreduce(buf.data(), buf.data(), buf.size(), DType::Float32, ReduceOp::Sum));
+  }
+  if (mode == "busy") {
+    std::ofstream(dir + "/ready." + std::to_string(me)) << getpid() << "\n";
+    std::this_thread::sleep_for(std::chrono::seconds(seconds));
+    std::string how = "no error";
+    int rc = 0;
+    try {
+      world->allreduce(buf.data(), buf.data(), buf.size(), DType::Float32, ReduceOp::Sum)->wait();
+    } catch (const Error& e) {
+      how = e.what();
+      rc = 1;
+    }
+    std::ofstream(dir + "/result." + std::to_string(me) + ".tmp") << how << "\n";
+    std::rename((dir + "/result." + std::to_string(me) + ".tmp").c_str(), (dir + "/result." + std::to_string(me)).c_str());
+    return rc;
   }
   if (mode == "share-stop") {
     std::vector<float> big(1 << 18, 1.0f);

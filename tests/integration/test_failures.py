@@ -136,6 +136,35 @@ def test_killed_rank_fails_the_others_within_5s(job):
     check_killed_rank(job, 4)
 
 
+def test_ranks_away_when_their_daemon_dies_get_the_named_error_at_their_next_call(job):
+    # The ranks work outside smddp for 14 s after their daemon is killed: longer than a fixed
+    # 10 s grace, shorter than the orphan watch's (the collective timeout, at least 30 s), so
+    # they are not ended before their next call. That call, a small allreduce the two ranks
+    # could run among themselves on the host fast path, raises the named error.
+    proc = job.start(2, "failure_worker", "--mode", "busy", "--seconds", 14, "--dir", job.dir,
+                     extra=("--set", "daemon.collective_timeout_s=20"))
+    ranks = []
+    try:
+        wait_for_files([job.dir / f"ready.{r}" for r in range(2)])
+        ranks = [int((job.dir / f"ready.{r}").read_text()) for r in range(2)]
+        daemon = int(open(f"/proc/{ranks[0]}/stat").read().split(")")[1].split()[1])  # the ranks' parent
+        os.kill(daemon, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        wait_for_files([job.dir / f"result.{r}" for r in range(2)], timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0
+    for r in range(2):
+        msg = (job.dir / f"result.{r}").read_text()
+        assert f"smddp daemon (pid {daemon}) on node 0 died" in msg, msg
+
+
 def test_killed_daemon_fails_every_rank_within_5s(job):
     proc = job.start(4, "failure_worker", "--mode", "stuck", "--victim", 3, "--dir", job.dir)
     victim = None

@@ -119,8 +119,9 @@ def run_once(fault, rng):
             os.kill(stopped, signal.SIGKILL)
     with open(os.path.join(tmp, "output.log"), "w") as f:  # kept with the run's files when it fails
         f.write(out)
-    # A killed daemon's ranks are not mpirun's: they may still be reporting when it returns.
-    deadline = time.time() + 15
+    # A killed daemon's ranks are not mpirun's: they may still be reporting when it returns, and a
+    # rank busy in its own work reaches its next call within the orphan watch's grace (30 s here).
+    deadline = time.time() + 40
     while time.time() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.1)
     out_note = "(the whole output: %s/output.log)\n" % tmp
