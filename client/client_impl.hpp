@@ -193,6 +193,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::uint64_t fast_cell_bytes() const { return segment_.header().fast_cell_bytes; }
   std::uint64_t fast_read_bytes() const { return segment_.header().fast_read_bytes; }
   std::uint64_t fast_reduce_bytes() const { return segment_.header().fast_reduce_bytes; }
+  bool fast_reduce_shrinks() const { return segment_.header().fast_reduce_shrinks != 0; }
   // Runs deferred callbacks, then drops the released op references (outside the lock).
   static void run(Deferred& deferred);
   // Drives submissions and completions; returns callbacks to run outside the lock.

@@ -317,7 +317,7 @@ class CommImpl final : public Communicator {
     const OpType op = p.base.op;
     if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
     return host_fast::fits(op, p.base.count, p.base.dtype, size(), client_->fast_cell_bytes(),
-                           client_->fast_read_bytes(), client_->fast_reduce_bytes());
+                           client_->fast_read_bytes(), client_->fast_reduce_bytes(), client_->fast_reduce_shrinks());
   }
 
  public:

@@ -76,11 +76,15 @@ std::optional<std::uint64_t> largest_read(OpType op, std::uint64_t count, ipc::D
 }
 
 bool fits(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t cell_bytes,
-          std::uint64_t read_bytes, std::uint64_t reduce_bytes) {
+          std::uint64_t read_bytes, std::uint64_t reduce_bytes, bool reduce_shrinks) {
   const auto in = largest_input(op, count, dtype, members);
   const auto read = largest_read(op, count, dtype, members);
   if (!in || !read || *in > cell_bytes || *read > read_bytes) return false;
-  return (op != OpType::AllReduce && op != OpType::Reduce) || *read <= reduce_bytes;
+  if (op != OpType::AllReduce && op != OpType::Reduce) return true;
+  // Each member reduces n inputs here, against one share of them split among the ranks: where
+  // the ranks have a core each the split wins sooner the more they are (docs/performance.md).
+  const auto n = static_cast<std::uint64_t>(members);
+  return *read <= (reduce_shrinks && n > 2 ? reduce_bytes * 2 / n : reduce_bytes);
 }
 
 std::uint64_t input_bytes(OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root) {

@@ -27,9 +27,10 @@ std::optional<std::uint64_t> largest_read(ipc::OpType op, std::uint64_t count, i
 // Whether a call takes the host fast path, from the call and the node's limits alone (so that
 // every member decides alike): its largest input fits a cell and its largest read the limit, and
 // for an all-reduce or a reduce, whose every member reduces every member's input (n times the
-// arithmetic of the reduction split among the ranks), that read fits reduce_bytes too.
+// arithmetic of the reduction split among the ranks), that read fits reduce_bytes too, or with
+// `reduce_shrinks` reduce_bytes x 2 / n (reduce_bytes then being the limit of 2 members).
 bool fits(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t cell_bytes,
-          std::uint64_t read_bytes, std::uint64_t reduce_bytes);
+          std::uint64_t read_bytes, std::uint64_t reduce_bytes, bool reduce_shrinks);
 
 // Bytes member `me` publishes: its input, none for a broadcast's or scatter's non-roots.
 std::uint64_t input_bytes(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root);

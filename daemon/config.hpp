@@ -29,11 +29,13 @@ struct SplitReduceMin {
   bool operator==(const SplitReduceMin&) const = default;
 };
 
-// daemon.host_fast_reduce_kib: "auto" (the default) or a size. Auto: 256 KiB when the node's
-// ranks and its daemon have a core each, 1 MiB when they share cores. Each member of a fast
-// all-reduce reduces every member's input: n times the arithmetic of the reduction split among
-// the ranks, which wins once the ranks run at once (4 ranks at 128 KiB: 2.2x on 16 cores), while
-// on shared cores the split's hand-offs cost more than the extra reads (docs/performance.md).
+// daemon.host_fast_reduce_kib: "auto" (the default) or a size. Auto: 256 KiB for 2 members,
+// x 2 / n for n, when the node's ranks and its daemon have a core each; 1 MiB for any number
+// when they share cores. A size holds for any number. Each member of a fast all-reduce reduces
+// every member's input: n times the arithmetic of the reduction split among the ranks, which
+// wins once the ranks run at once (4 ranks at 128 KiB: 2.2x on 16 cores; at 64 KiB 1.6x), while
+// on shared cores the split's hand-offs cost more than the extra reads (4 ranks at 256 KiB on
+// 2 cores: the split 2.7x slower; docs/performance.md).
 struct HostFastReduce {
   static constexpr std::uint64_t kWithCores = 256ull << 10;
   static constexpr std::uint64_t kSharedCores = 1ull << 20;
@@ -44,6 +46,8 @@ struct HostFastReduce {
     if (!automatic) return bytes;
     return shared_cores ? kSharedCores : kWithCores;
   }
+  // Whether the resolved limit is 2 members' and shrinks as 2 / n (SegmentHeader::fast_reduce_shrinks).
+  bool shrinks(bool shared_cores) const { return automatic && !shared_cores; }
   bool operator==(const HostFastReduce&) const = default;
 };
 

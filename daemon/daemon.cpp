@@ -62,7 +62,9 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
   s.chunk_bytes = c.chunk_bytes;
   s.fast_cell_bytes = c.host_fast_bytes;
   s.fast_read_bytes = c.host_fast_read_bytes;
-  s.fast_reduce_bytes = c.host_fast_reduce.resolve(ipc::yield_between_polls(l.nproc_per_node + 1));
+  const bool shared_cores = ipc::yield_between_polls(l.nproc_per_node + 1);
+  s.fast_reduce_bytes = c.host_fast_reduce.resolve(shared_cores);
+  s.fast_reduce_shrinks = c.host_fast_reduce.shrinks(shared_cores);
   return s;
 }
 
@@ -99,11 +101,12 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
       ranks_(static_cast<std::size_t>(layout_.nproc_per_node)),
       started_(Clock::now()) {
   spdlog::info("spinning: {} rank(s) and the daemon on {} core(s), {}; host allreduce and reduce split among the ranks {}; "
-               "the host fast path reduces at most {} KiB a member",
+               "the host fast path reduces at most {} KiB a member{}",
                layout_.nproc_per_node, ipc::usable_cores(),
                yield_between_polls_ ? "yielding between polls" : "a core each, no yield",
                split_reduce_min_ ? "from " + std::to_string(*split_reduce_min_ >> 10) + " KiB a chunk" : std::string("off"),
-               segment_.header().fast_reduce_bytes >> 10);
+               segment_.header().fast_reduce_bytes >> 10,
+               segment_.header().fast_reduce_shrinks ? " with 2 members, x 2 / n with n" : "");
   if (internode) {
     internode::Engine::Options o;
     o.default_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config_.collective_timeout);

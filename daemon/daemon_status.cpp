@@ -105,6 +105,8 @@ void Daemon::update_status(Clock::time_point now) {
               {{"cell_bytes", config_.host_fast_bytes},
                {"read_bytes", segment_.header().fast_read_bytes},
                {"reduce_bytes", segment_.header().fast_reduce_bytes},
+               // reduce_bytes is 2 members' limit, x 2 / n for n members.
+               {"reduce_shrinks", segment_.header().fast_reduce_shrinks != 0},
                {"operations", host_fast_ops_},
                {"communicators", fast_lane_of_.size()}}},
              {"internode", internode_status()},

@@ -28,12 +28,13 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 11;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+inline constexpr std::uint32_t kLayoutVersion = 12;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
                                                      // 5: released allocations; 6: reads from the members' arenas;
                                                      // 7: hierarchical GPU operations, staged bytes;
                                                      // 8: the host fast path's cells; 9: shares reduced by the ranks;
                                                      // 10: the host fast path's read limit;
-                                                     // 11: its own limit for all-reduce and reduce
+                                                     // 11: its own limit for all-reduce and reduce;
+                                                     // 12: that limit shrinking with the members
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -98,6 +99,7 @@ struct SegmentHeader {
   std::uint64_t fast_cell_bytes = 0;  // input bytes a fast cell holds; 0: no host fast path
   std::uint64_t fast_read_bytes = 0;  // the most bytes a member may read from the cells in one operation
   std::uint64_t fast_reduce_bytes = 0;  // ... and reduce, in an all-reduce or a reduce (every input, every member)
+  std::uint64_t fast_reduce_shrinks = 0;  // 1: fast_reduce_bytes is 2 members' limit, x 2 / n for n members
   char job_id[kJobIdBytes] = {};
   std::atomic<std::uint32_t> state{0};
   std::atomic<std::uint64_t> heartbeat{0};
@@ -201,6 +203,7 @@ struct SegmentSpec {
   std::uint64_t fast_cell_bytes = 32ull << 10;  // 0: no host fast path
   std::uint64_t fast_read_bytes = 1ull << 20;   // see SegmentHeader::fast_read_bytes
   std::uint64_t fast_reduce_bytes = 1ull << 20; // see SegmentHeader::fast_reduce_bytes
+  bool fast_reduce_shrinks = false;              // see SegmentHeader::fast_reduce_shrinks
 };
 
 std::uint64_t segment_bytes_for(const SegmentSpec& spec);

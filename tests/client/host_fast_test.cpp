@@ -34,17 +34,19 @@ namespace ipc = smddp::ipc;
 constexpr std::uint64_t kCell = 4096;
 
 struct Job {
-  explicit Job(int n, std::uint64_t cell = kCell, std::uint64_t read = 1ull << 20, std::uint64_t reduce = 1ull << 20)
-      : job(unique_job("fast")), daemon(spec(job, n, cell, read, reduce)) {
+  explicit Job(int n, std::uint64_t cell = kCell, std::uint64_t read = 1ull << 20, std::uint64_t reduce = 1ull << 20,
+               bool reduce_shrinks = false)
+      : job(unique_job("fast")), daemon(spec(job, n, cell, read, reduce, reduce_shrinks)) {
     daemon.start();
     for (int r = 0; r < n; ++r) ranks.push_back(Client::attach(attach_options(job, r, n, n)));
   }
   static ipc::SegmentSpec spec(const std::string& job, int n, std::uint64_t cell, std::uint64_t read,
-                               std::uint64_t reduce) {
+                               std::uint64_t reduce, bool reduce_shrinks) {
     auto s = small_spec(job, n, n);
     s.fast_cell_bytes = cell;
     s.fast_read_bytes = read;
     s.fast_reduce_bytes = reduce;
+    s.fast_reduce_shrinks = reduce_shrinks;
     return s;
   }
   // Runs f(rank) on a thread per rank; rethrows the first failure.
@@ -181,10 +183,15 @@ TEST(HostFast, TheReadLimitIsTheBoundaryForEachGroupSize) {
 // reads as much still takes the path. Checked at the limit and one element past it.
 TEST(HostFast, TheReduceLimitBoundsAllReduceAndReduceAlone) {
   constexpr std::uint64_t kRead = 12288, kReduce = 4096;
+  for (const bool shrinks : {false, true})
   for (int n : {2, 3}) {
-    SCOPED_TRACE(n);
-    Job j(n, 4 * kRead, kRead, kReduce);
-    const std::uint64_t fits = kReduce / 4 / static_cast<std::uint64_t>(n);  // float32 elements of a member's input
+    SCOPED_TRACE(testing::Message() << n << " members, shrinks " << shrinks);
+    Job j(n, 4 * kRead, kRead, kReduce, shrinks);
+    // Float32 elements of a member's input: its read (n inputs) within the limit, or the limit
+    // x 2 / n where it shrinks.
+    const auto members = static_cast<std::uint64_t>(n);
+    const std::uint64_t limit = shrinks ? kReduce * 2 / members : kReduce;
+    const std::uint64_t fits = limit / 4 / members;
     const auto run = [&](std::uint64_t extra) {
       j.each([&](int r) {
         auto w = j.ranks[static_cast<std::size_t>(r)]->world();

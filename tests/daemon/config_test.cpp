@@ -102,6 +102,11 @@ TEST(DaemonConfig, HostFastPathTakesACellSizeAReadLimitAndAReduceLimit) {
   EXPECT_TRUE(automatic.automatic);
   EXPECT_EQ(automatic.resolve(false), 256ull << 10);
   EXPECT_EQ(automatic.resolve(true), 1ull << 20);
+  // ... and with a core each, less the more members reduce (2 members' limit, x 2 / n); a size
+  // the operator gives holds for any number.
+  EXPECT_TRUE(automatic.shrinks(false));
+  EXPECT_FALSE(automatic.shrinks(true));
+  EXPECT_FALSE(HostFastReduce::fixed(4ull << 20).shrinks(false));
   expect_invalid("", {"daemon.host_fast_kib=1025"}, {"daemon.host_fast_kib"});
   expect_invalid("", {"daemon.host_fast_read_kib=-1"}, {"daemon.host_fast_read_kib"});
   expect_invalid("", {"daemon.host_fast_read_kib=auto"}, {"daemon.host_fast_read_kib"});
