@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Two smddp settings (or builds) side by side with Open MPI, in alternating rounds, for a noisy
-# machine: each round runs A, then B, then Open MPI over the same sizes, and the report gives
-# per size the median time of the rounds and their range. On 2 cores the same run varies by up
-# to 2x from one minute to the next; alternating keeps the comparison fair.
+# machine: each round runs A and B (A first in odd rounds, B first in even ones), then Open MPI
+# over the same sizes, and the report gives per size the median time of the rounds and their
+# range. On 2 cores the same run varies by up to 2x from one minute to the next; alternating
+# keeps the comparison fair.
 #
 #   scripts/bench_cpu_ab.sh --op allreduce --ranks 2 --rounds 5 \
 #       --a "--set daemon.split_reduce_min_kib=0" --b "--set daemon.split_reduce_min_kib=off"
@@ -56,12 +57,19 @@ raw="$results/$op-${ranks}r.raw"
 sweep=(-o "$op" -b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c 0 -d "$dtype")
 # The data lines of an nccl-tests-style report: size in bytes first, time in us sixth.
 keep() { awk -v t="$1" '/^ +[0-9]/ {print t, $1, $6}'; }
-for i in $(seq "$rounds"); do
-  echo "== round $i of $rounds"
+run_a() {
   # shellcheck disable=SC2086  # the extra options are words
   "$build_a/bin/smddprun" --nproc-per-node "$ranks" $args_a -- "$build_a/bin/smddp-bench" "${sweep[@]}" | keep A >>"$raw"
+}
+run_b() {
   # shellcheck disable=SC2086
   "$build_b/bin/smddprun" --nproc-per-node "$ranks" $args_b -- "$build_b/bin/smddp-bench" "${sweep[@]}" | keep B >>"$raw"
+}
+for i in $(seq "$rounds"); do
+  echo "== round $i of $rounds"
+  # Whichever runs first in a round measured up to 15% slower on the 16-core host (the same build
+  # against itself: 0.96-1.16), so odd rounds run A first and even rounds B.
+  if [ $((i % 2)) -eq 1 ]; then run_a; run_b; else run_b; run_a; fi
   mpirun -np "$ranks" --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
     --bind-to none --allow-run-as-root "$build_a/bin/mpi-bench" "${sweep[@]}" | keep mpi >>"$raw"
 done
