@@ -156,8 +156,18 @@ int Daemon::run(const std::vector<std::string>& command) {
     // A user's own rendezvous settings win over ours.
     for (const char* keep : {"MASTER_ADDR", "MASTER_PORT"})
       if (const char* v = std::getenv(keep); v && *v) env[keep] = v;
+    // Open MPI, given mpirun by its path (smddprun gives it so), puts its own bin and lib first
+    // in PATH and LD_LIBRARY_PATH: `python3` would be the system's, not the user's virtualenv's,
+    // and /usr/lib would come before a conda environment's libraries. smddprun passes what the
+    // user had (no SMDDP_RANK_LD_LIBRARY_PATH: none).
+    std::set<std::string> drop{"SMDDP_RANK_PATH", "SMDDP_RANK_LD_LIBRARY_PATH"};
+    if (const char* path = std::getenv("SMDDP_RANK_PATH"); path && *path) {
+      env["PATH"] = path;
+      if (const char* libs = std::getenv("SMDDP_RANK_LD_LIBRARY_PATH")) env["LD_LIBRARY_PATH"] = libs;
+      else drop.insert("LD_LIBRARY_PATH");
+    }
     try {
-      ranks_[static_cast<std::size_t>(r)].pid = supervisor_.spawn(r, command, child_environment(env));
+      ranks_[static_cast<std::size_t>(r)].pid = supervisor_.spawn(r, command, child_environment(env, drop));
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
       fail_job(std::string("cannot start rank ") + std::to_string(global) + ": " + e.what(), 127);

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
@@ -31,13 +33,15 @@ int exit_code_of(int st) {
   return 1;
 }
 
-std::vector<std::string> child_environment(const std::map<std::string, std::string>& set) {
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& set,
+                                           const std::set<std::string>& drop) {
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) {
     std::string_view kv(*e);
     const auto key = kv.substr(0, kv.find('='));
     if (key.starts_with("OMPI_") || key.starts_with("PMIX_") || key.starts_with("OPAL_") ||
-        key.starts_with("PRTE_") || key.starts_with("ORTE_") || set.count(std::string(key)))
+        key.starts_with("PRTE_") || key.starts_with("ORTE_") || set.count(std::string(key)) ||
+        drop.count(std::string(key)))
       continue;
     env.emplace_back(kv);
   }
@@ -71,8 +75,29 @@ struct Pipe {
 };
 }  // namespace
 
+std::string find_program(const std::string& program, const std::vector<std::string>& env) {
+  if (program.find('/') != std::string::npos) return program;
+  if (program.empty()) return "";
+  const auto path = std::find_if(env.rbegin(), env.rend(), [](const std::string& e) { return e.starts_with("PATH="); });
+  if (path == env.rend()) return "";
+  std::string_view dirs = std::string_view(*path).substr(5);
+  for (;;) {
+    const auto colon = dirs.find(':');
+    const std::string_view dir = dirs.substr(0, colon);
+    const std::string candidate = (dir.empty() ? std::string(".") : std::string(dir)) + "/" + program;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+    if (colon == std::string_view::npos) return "";
+    dirs.remove_prefix(colon + 1);
+  }
+}
+
 pid_t Supervisor::spawn(int local_rank, const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   if (argv.empty()) throw std::invalid_argument("no command to run for the ranks");
+  // execvpe searches the daemon's PATH, into which Open MPI may have put its own bin first; the
+  // ranks' PATH is the user's (Daemon::run), and `python3` must be the one it names.
+  const std::string program = find_program(argv[0], env);
   std::vector<char*> cargv, cenv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
@@ -92,7 +117,8 @@ pid_t Supervisor::spawn(int local_rank, const std::vector<std::string>& argv, co
     // rank that knows why must live to report it. The daemon ends its ranks; a rank whose daemon
     // was killed ends itself (client/orphan_watch.hpp).
     ::setpgid(0, 0);
-    ::execvpe(cargv[0], cargv.data(), cenv.data());
+    if (!program.empty()) ::execve(program.c_str(), cargv.data(), cenv.data());
+    else ::execvpe(cargv[0], cargv.data(), cenv.data());  // not found: fails with execvpe's errno
     const int err = errno;
     [[maybe_unused]] auto n = ::write(status.fd[1], &err, sizeof err);
     ::_exit(127);

@@ -9,9 +9,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <stdexcept>
 #include <thread>
@@ -146,6 +150,58 @@ TEST(Supervisor, SpawnOfAMissingProgramThrows) {
   EXPECT_THROW(sup.spawn(0, {}, {}), std::invalid_argument);
 }
 
+// A folder of programs for one test, removed after it.
+class ProgramDir {
+ public:
+  ProgramDir() {
+    char tmpl[] = "/tmp/smddp-programs-XXXXXX";
+    if (::mkdtemp(tmpl)) path_ = tmpl;
+  }
+  ~ProgramDir() {
+    if (!path_.empty()) std::filesystem::remove_all(path_);
+  }
+  // A shell script that exits with `status`, executable unless `executable` is false.
+  std::string script(const std::string& name, int status, bool executable = true) const {
+    const std::string file = path_ + "/" + name;
+    std::ofstream(file) << "#!/bin/sh\nexit " << status << "\n";
+    ::chmod(file.c_str(), executable ? 0755 : 0644);
+    return file;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(Supervisor, FindProgramSearchesThePathOfTheGivenEnvironment) {
+  ProgramDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string probe = dir.script("smddp-probe", 0);
+  dir.script("smddp-not-executable", 0, /*executable=*/false);
+  std::filesystem::create_directory(dir.path() + "/smddp-a-folder");
+  const std::vector<std::string> env{"HOME=/tmp", "PATH=/nonexistent-smddp::" + dir.path()};
+  EXPECT_EQ(find_program("smddp-probe", env), probe);
+  EXPECT_EQ(find_program("smddp-not-executable", env), "");
+  EXPECT_EQ(find_program("smddp-a-folder", env), "");
+  EXPECT_EQ(find_program("smddp-probe", {"HOME=/tmp"}), "") << "no PATH";
+  EXPECT_EQ(find_program("/bin/sh", {}), "/bin/sh") << "a path is taken as it is";
+  EXPECT_EQ(find_program("sub/prog", {}), "sub/prog");
+  EXPECT_EQ(find_program("", env), "");
+}
+
+TEST(Supervisor, SpawnRunsTheProgramTheChildsPathNamesNotTheDaemons) {
+  // Open MPI puts its bin first in the daemon's PATH; a rank's `true` (or `python3`) must still
+  // be the one first in the rank's own PATH.
+  ProgramDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  dir.script("true", 7);
+  Supervisor sup;
+  sup.spawn(0, {"true"}, {"PATH=" + dir.path() + ":/usr/bin:/bin"});
+  auto exits = reap_n(sup, 1);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(describe_exit(exits[0].wait_status), "exited with status 7");
+}
+
 TEST(Supervisor, ChildGetsTheGivenEnvironment) {
   Supervisor sup;
   // Exit status 0 only if the variable came through and a stripped one did not.
@@ -211,6 +267,16 @@ TEST(Supervisor, ChildEnvironmentStripsLauncherVariablesAndAppliesOverrides) {
   if (::getenv("PATH")) {
     EXPECT_TRUE(has_key(e, "PATH"));
   }
+}
+
+TEST(Supervisor, ChildEnvironmentDropsTheNamesItIsToldToUnlessSetWinsOverThem) {
+  ScopedEnv env;
+  env.set("SMDDP_T_DROPPED", "x").set("SMDDP_T_DROPPED_BUT_SET", "old").set("SMDDP_T_KEPT", "y");
+  const auto e = child_environment({{"SMDDP_T_DROPPED_BUT_SET", "new"}}, {"SMDDP_T_DROPPED", "SMDDP_T_DROPPED_BUT_SET"});
+  EXPECT_FALSE(has_key(e, "SMDDP_T_DROPPED"));
+  EXPECT_TRUE(has(e, "SMDDP_T_DROPPED_BUT_SET=new"));
+  EXPECT_FALSE(has(e, "SMDDP_T_DROPPED_BUT_SET=old"));
+  EXPECT_TRUE(has(e, "SMDDP_T_KEPT=y"));
 }
 
 TEST(Supervisor, ChildEnvironmentMakesMpiAnIsolatedSingleton) {

@@ -236,6 +236,20 @@ def test_exports(run_launcher, tools):
     assert exports["PATH"] is None
     assert "/user/py" in exports["PYTHONPATH"].split(os.pathsep)
     assert "UNRELATED" not in exports
+    # What the ranks get back after Open MPI put its own directories first.
+    assert exports["SMDDP_RANK_PATH"] == env["PATH"]
+    assert exports["SMDDP_RANK_LD_LIBRARY_PATH"] == "/opt/lib"
+
+
+def test_the_ranks_path_follows_a_user_export_and_an_unset_library_path_stays_unset(run_launcher, tools):
+    env = tools.base_env()
+    env.pop("LD_LIBRARY_PATH", None)
+    env["SMDDP_RANK_PATH"] = "/stale"  # a value left in the environment does not win
+    result = run_launcher(["--dry-run", "-x", "PATH=/mine/bin:/usr/bin", "python3", "t.py"], env=env)
+    assert result.returncode == 0, result.stderr
+    exports = Parsed(result.argv, tools.daemon).exports
+    assert exports["SMDDP_RANK_PATH"] == "/mine/bin:/usr/bin"
+    assert "SMDDP_RANK_LD_LIBRARY_PATH" not in exports
 
 
 def test_export_of_unset_variable_warns_and_is_dropped(run_launcher, tools):
