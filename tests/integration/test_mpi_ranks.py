@@ -40,11 +40,10 @@ def run_ranks(job, path, nproc, mode, extra=(), mpi4py_main=True, timeout=180):
     with PATH=path. Returns (CompletedProcess, seconds, {rank: report})."""
     out = job.dir / "reports"
     out.mkdir(exist_ok=True)
-    # --noprefix: Open MPI otherwise puts its own prefix's bin folder (/usr/bin, where Debian's
-    # ssh lives) first on the ranks' PATH; without it they keep the PATH given here, as on a
-    # host without ssh.
+    # The ranks keep the PATH given here, as on a host without ssh, although Open MPI puts its
+    # own prefix's bin folder (/usr/bin, where Debian's ssh lives) first in its daemons' PATH.
     cmd = [str(bin_dir() / "smddprun"), "--job-id", job.id, "--nproc-per-node", str(nproc),
-           "--config", str(REPO / "configs" / "local.ini"), "--custom-mpi-options", "--noprefix", *extra, "--",
+           "--config", str(REPO / "configs" / "local.ini"), *extra, "--",
            "python3", *(("-m", "mpi4py") if mpi4py_main else ()), str(RANK_SCRIPT), str(out), mode]
     env = dict(job.env, PATH=path)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_MCA_ess_singleton_isolated"):
