@@ -4,10 +4,9 @@
 // never calls smddp again would outlive its job while mpirun waits for it. This watch ends such
 // a rank: it says on stderr at once that its daemon is gone (while the launcher may still be there
 // to show it), and `grace` later, if the rank has not exited, sends itself SIGTERM (SIGKILL 5 s
-// later). The grace is the daemon's collective timeout (SMDDP_ORPHAN_GRACE_S, set by the daemon):
-// a rank busy with its own work for less than that, which a healthy job would wait for, still
-// reaches its next smddp call and raises the named error there. Ranks started otherwise (plain
-// mpirun, torchrun) are left alone.
+// later). The grace is the daemon's `daemon.orphan_grace_s` (SMDDP_ORPHAN_GRACE_S): a rank busy
+// with its own work for less than that still reaches its next smddp call and raises the named
+// error there. Ranks started otherwise (plain mpirun, torchrun) are left alone.
 #pragma once
 
 #include <sys/types.h>
@@ -18,7 +17,7 @@ namespace smddp::client {
 
 // How long a rank may outlive its daemon when the daemon names no grace: time to reach its next
 // smddp call, report the failure and exit on its own.
-inline constexpr std::chrono::seconds kOrphanGrace{30};
+inline constexpr std::chrono::seconds kOrphanGrace{60};
 
 // The grace the daemon named in SMDDP_ORPHAN_GRACE_S (seconds), else kOrphanGrace.
 std::chrono::seconds orphan_grace_from_env();

@@ -81,6 +81,10 @@ const std::map<std::string, Setter>& keys() {
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.exit_grace = seconds(parse_int(key, v, 0, 3600));
        }},
+      {"daemon.orphan_grace_s",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         c.orphan_grace = seconds(parse_int(key, v, 1, 86400));
+       }},
       {"daemon.log_level", [](DaemonConfig& c, const std::string&, const std::string& v) { c.log_level = v; }},
       {"fabric.provider", [](DaemonConfig& c, const std::string&, const std::string& v) { c.fabric_provider = v; }},
       {"fabric.interface", [](DaemonConfig& c, const std::string&, const std::string& v) { c.fabric_interface = v; }},

@@ -77,6 +77,10 @@ struct DaemonConfig {
   std::chrono::seconds stall_warning{60};
   std::chrono::seconds collective_timeout{1800};
   std::chrono::seconds exit_grace{10};
+  // How long a rank may outlive this daemon killed outright (client/orphan_watch.hpp): a rank busy
+  // in its own work that long still reaches its next call and the named error; one that never
+  // calls again holds its GPU that long after the job.
+  std::chrono::seconds orphan_grace{60};
   std::string log_level = "info";
   std::string fabric_provider = "tcp;ofi_rxm";
   std::string fabric_interface = "auto";  // daemon/internode/interface_choice.hpp

@@ -82,14 +82,6 @@ std::string iso_now() {
   return buf;
 }
 
-// How long a rank launched here may outlive this daemon (client/orphan_watch.hpp): as long as a
-// healthy job would wait for it to reach a collective, at least 30 s; a job without a timeout
-// still ends its orphans, at the default timeout.
-std::chrono::seconds orphan_grace(const DaemonConfig& c) {
-  if (c.collective_timeout.count() <= 0) return DaemonConfig{}.collective_timeout;
-  return std::max(c.collective_timeout, std::chrono::seconds(30));
-}
-
 }  // namespace
 
 Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSetup> internode)
@@ -149,7 +141,7 @@ int Daemon::run(const std::vector<std::string>& command) {
         {"SMDDP_NODE_ID", std::to_string(layout_.node_id)},
         {"SMDDP_NUM_NODES", std::to_string(layout_.num_nodes)},
         {"SMDDP_DAEMON_PID", std::to_string(::getpid())},
-        {"SMDDP_ORPHAN_GRACE_S", std::to_string(orphan_grace(config_).count())},
+        {"SMDDP_ORPHAN_GRACE_S", std::to_string(config_.orphan_grace.count())},
         {"MASTER_ADDR", layout_.master_addr},
         {"MASTER_PORT", std::to_string(layout_.master_port)},
     };

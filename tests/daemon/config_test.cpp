@@ -79,6 +79,7 @@ TEST(DaemonConfig, BuiltInDefaults) {
   EXPECT_EQ(c.stall_warning, 60s);
   EXPECT_EQ(c.collective_timeout, 1800s);
   EXPECT_EQ(c.exit_grace, 10s);
+  EXPECT_EQ(c.orphan_grace, 60s);
   EXPECT_EQ(c.log_level, "info");
   EXPECT_EQ(c.fabric_provider, "tcp;ofi_rxm");
   EXPECT_EQ(c.fabric_interface, "auto");
@@ -243,6 +244,8 @@ TEST(DaemonConfig, OutOfRangeValuesNameTheKey) {
   expect_invalid("", {"daemon.stall_warning_s=-5"}, {"daemon.stall_warning_s"});
   expect_invalid("", {"daemon.collective_timeout_s=-1"}, {"daemon.collective_timeout_s"});
   expect_invalid("", {"daemon.exit_grace_s=-1"}, {"daemon.exit_grace_s"});
+  expect_invalid("", {"daemon.orphan_grace_s=0"}, {"daemon.orphan_grace_s"});
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.orphan_grace_s=5"}).orphan_grace, 5s);
 }
 
 // program_options parses "-1" into the unsigned chunk_kib as 2^64-1: only chunk_kib's upper

@@ -137,12 +137,11 @@ def test_killed_rank_fails_the_others_within_5s(job):
 
 
 def test_ranks_away_when_their_daemon_dies_get_the_named_error_at_their_next_call(job):
-    # The ranks work outside smddp for 14 s after their daemon is killed: longer than a fixed
-    # 10 s grace, shorter than the orphan watch's (the collective timeout, at least 30 s), so
-    # they are not ended before their next call. That call, a small allreduce the two ranks
+    # The ranks work outside smddp for 14 s after their daemon is killed: longer than the 10 s
+    # grace the orphan watch once had, shorter than its default (daemon.orphan_grace_s, 60 s),
+    # so they are not ended before their next call. That call, a small allreduce the two ranks
     # could run among themselves on the host fast path, raises the named error.
-    proc = job.start(2, "failure_worker", "--mode", "busy", "--seconds", 14, "--dir", job.dir,
-                     extra=("--set", "daemon.collective_timeout_s=20"))
+    proc = job.start(2, "failure_worker", "--mode", "busy", "--seconds", 14, "--dir", job.dir)
     ranks = []
     try:
         wait_for_files([job.dir / f"ready.{r}" for r in range(2)])

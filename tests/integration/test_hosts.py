@@ -111,10 +111,11 @@ def test_a_peer_that_cannot_be_reached_is_named_unreachable_at_its_address(bed):
     assert "died" not in r.stdout, r.stdout[-4000:]
 
 
-def start_stuck_job(b, victim):
+def start_stuck_job(b, victim, extra=()):
     """failure_worker --mode stuck over 2 hosts x 2 ranks: rank `victim` sleeps, the others wait
     in an allreduce. Returns (proc, pids of the ranks by rank)."""
-    proc = b.start_smddprun(2, "failure_worker", "--mode", "stuck", "--victim", victim, "--dir", b.shared)
+    proc = b.start_smddprun(2, "failure_worker", "--mode", "stuck", "--victim", victim, "--dir", b.shared,
+                            extra=extra)
     try:
         wait_for_files([b.shared / f"ready.{r}" for r in range(4)])
     except AssertionError:
@@ -158,7 +159,8 @@ def test_a_rank_killed_on_the_other_host_fails_every_rank(bed):
 
 def test_a_daemon_killed_on_the_other_host_fails_every_rank(bed):
     b = bed(2)
-    proc, pids = start_stuck_job(b, victim=3)
+    # Rank 3 never calls smddp again: its orphan watch ends it 5 s after its daemon (60 s by default).
+    proc, pids = start_stuck_job(b, victim=3, extra=("--set", "daemon.orphan_grace_s=5"))
     daemon = parent_of(pids[3])  # the second host's daemon spawned rank 3
     killed_at = time.time()
     os.kill(daemon, signal.SIGKILL)

@@ -120,7 +120,7 @@ def run_once(fault, rng):
     with open(os.path.join(tmp, "output.log"), "w") as f:  # kept with the run's files when it fails
         f.write(out)
     # A killed daemon's ranks are not mpirun's: they may still be reporting when it returns, and a
-    # rank busy in its own work reaches its next call within the orphan watch's grace (30 s here).
+    # rank busy in its own work reaches its next call within the orphan watch's grace (60 s).
     deadline = time.time() + 40
     while time.time() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.1)
