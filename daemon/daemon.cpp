@@ -870,7 +870,13 @@ void Daemon::housekeeping(Clock::time_point now) {
   auto& h = segment_.header();
   h.heartbeat.fetch_add(1, std::memory_order_relaxed);
 
-  for (const auto& ex : supervisor_.reap()) on_rank_exit(ex);
+  if (const auto exits = supervisor_.reap(); !exits.empty()) {
+    // A rank's last requests may still be in its ring (host fast-path requests do not wake the
+    // daemon): matched first, they are not collectives that wait for a rank that exited. Bounded:
+    // the other ranks may go on posting.
+    for (int round = 0; round < 8 && any_request_waiting(); ++round) poll_rings(now);
+    for (const auto& ex : exits) on_rank_exit(ex);
+  }
   if (attach_mode_) watch_attached_ranks();
   if (engine_)
     if (auto f = engine_->take_peer_failure()) fail_job(f->error, f->exit_code);
