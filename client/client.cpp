@@ -15,6 +15,7 @@
 
 #include "client/client_impl.hpp"
 #include "client/orphan_watch.hpp"
+#include "ipc/cross_memory.hpp"
 #include "ipc/names.hpp"
 
 namespace smddp::client {
@@ -149,6 +150,8 @@ ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
            std::to_string(slot_.pid) + ", state " + std::to_string(expected) + ")");
   }
   waker_->bell = &slot_.client_bell;
+  // Single copy: the other ranks read this one's inputs (Yama's scope 1 lets only ancestors).
+  if (h.fast_single_copy_bytes) ipc::allow_peer_reads();
   slot_.pid = ::getpid();
   std::strncpy(slot_.device_bus_id, o.device_bus_id.c_str(), ipc::kBusIdBytes - 1);
   slot_.state.store(static_cast<std::uint32_t>(ipc::SlotState::Registered), std::memory_order_release);

@@ -80,7 +80,10 @@ struct OpPlan {
   std::uint64_t in_blocks = 0;    // blocks staged from `in` per chunk (0: no input)
   std::uint64_t out_blocks = 0;   // blocks copied to `out` per chunk (0: no output)
   std::uint64_t user_stride = 0;  // elements between blocks in the user buffers
-  std::vector<std::byte> aux;     // aux payload (split tables, member lists)
+  // aux payload (split tables, member lists). A host fast-path op by single copy has none: there
+  // it holds the input the others read where the caller's overlaps its output in a way this
+  // rank's own writes would change before they read it (host_fast::input_stays_put).
+  std::vector<std::byte> aux;
   std::uint64_t in_bytes_total = 0, out_bytes_total = 0;  // unchunked forms (alltoallv)
   // GPU path: the buffers travel as prebuilt CUDA references; nothing is staged but aux.
   ipc::BufferRef dev_in, dev_out;
@@ -99,6 +102,9 @@ struct OpPlan {
   bool unchunked = false;
   bool device = false;  // GPU path
   bool rank_exec = false;
+  // The host fast path by single copy: the members read each other's inputs where they are
+  // (FastCell::by_address).
+  bool fast_single_copy = false;
   // CallOptions::rail: the caller orders it against other operations on the same memory.
   bool ordered_by_caller = false;
 };
@@ -136,6 +142,9 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
   // the call (the daemon's answer says how).
   bool fast_published_ = false;
   bool fast_mismatch_ = false;
+  // Single copy: this rank has read its output; it waits for the others to be done reading its
+  // input (its fast_done marks) before it returns.
+  bool fast_read_ = false;
   std::string error_;
   std::vector<std::function<void()>> callbacks_;  // this op's on_complete callbacks
   // Memory order against earlier ops (ClientImpl::touching_), under the client's mutex.
@@ -194,6 +203,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::uint64_t fast_read_bytes() const { return segment_.header().fast_read_bytes; }
   std::uint64_t fast_reduce_bytes() const { return segment_.header().fast_reduce_bytes; }
   bool fast_reduce_shrinks() const { return segment_.header().fast_reduce_shrinks != 0; }
+  std::uint64_t fast_single_copy_bytes() const { return segment_.header().fast_single_copy_bytes; }
   // Runs deferred callbacks, then drops the released op references (outside the lock).
   static void run(Deferred& deferred);
   // Drives submissions and completions; returns callbacks to run outside the lock.
@@ -224,7 +234,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void fail_fast_locked(OpState& op, Status s, const std::string& why, Deferred& callbacks);
   // What a fast op can do next, judged from the cells and marks without changing anything.
   struct FastLook {
-    enum Kind { Wait, SelfGaveUp, PeerGaveUp, Publish, Read } kind;
+    enum Kind { Wait, SelfGaveUp, PeerGaveUp, Publish, Read, Finish } kind;  // Finish: its readers are done
     int slot = -1;          // PeerGaveUp: the member
     std::uint64_t at = 0;   // SelfGaveUp, PeerGaveUp: the number the lane was given up at
   };

@@ -304,6 +304,7 @@ class CommImpl final : public Communicator {
     if (takes_fast_path(p)) {
       p.fast_lane = seq_->fast_lane;
       p.fast_k = ++seq_->fast_ops;
+      p.fast_single_copy = single_copy(p);
       return client_->submit_fast(std::move(p), timeout);
     }
     return client_->submit(std::move(p), timeout);
@@ -317,7 +318,11 @@ class CommImpl final : public Communicator {
     const OpType op = p.base.op;
     if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
     return host_fast::fits(op, p.base.count, p.base.dtype, size(), client_->fast_cell_bytes(),
-                           client_->fast_read_bytes(), client_->fast_reduce_bytes(), client_->fast_reduce_shrinks());
+                           client_->fast_read_bytes(), client_->fast_reduce_bytes(), client_->fast_reduce_shrinks()) ||
+           single_copy(p);
+  }
+  bool single_copy(const OpPlan& p) const {
+    return host_fast::single_copy(p.base.op, p.base.count, p.base.dtype, size(), client_->fast_single_copy_bytes());
   }
 
  public:

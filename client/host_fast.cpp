@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "ipc/cross_memory.hpp"
 #include "kernels/host/host_reduce.hpp"
 
 namespace smddp::client::host_fast {
@@ -87,6 +88,42 @@ bool fits(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::ui
   return *read <= (reduce_shrinks && n > 2 ? reduce_bytes * 2 / n : reduce_bytes);
 }
 
+bool single_copy(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t single_copy_bytes) {
+  if (single_copy_bytes == 0) return false;
+  switch (op) {
+    case OpType::AllToAll:
+    case OpType::Scatter:
+      // Through shared memory every block is copied in, then out: one copy saves half at any n.
+      break;
+    case OpType::AllGather:
+    case OpType::Gather:
+      // Through shared memory each member copies its own block in (n - 1 blocks read each):
+      // one copy saves half the copies with 2 members, a quarter with 4, where the kernel's
+      // per-page cost lost to the arenas (docs/performance.md).
+      if (members != 2) return false;
+      break;
+    default:
+      // Reductions; and broadcast, whose root copies in while its readers copy out through the
+      // daemon's path, chunk by chunk: that won from 4 MiB.
+      return false;
+  }
+  const auto in = largest_input(op, count, dtype, members);
+  return in && *in >= single_copy_bytes;
+}
+
+bool input_stays_put(OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root,
+                     const std::byte* in, const std::byte* out) {
+  const std::uint64_t block = count * ipc::dtype_size(dtype);
+  const std::uint64_t in_bytes = input_bytes(op, count, dtype, members, me, root);
+  const std::uint64_t out_bytes = op == OpType::AllGather || (op == OpType::Gather && me == root) ||
+                                          op == OpType::AllToAll
+                                      ? static_cast<std::uint64_t>(members) * block
+                                      : (op == OpType::Broadcast && me != root) || op == OpType::Scatter ? block : 0;
+  const auto a = reinterpret_cast<std::uintptr_t>(in), b = reinterpret_cast<std::uintptr_t>(out);
+  if (!in_bytes || !out_bytes || a + in_bytes <= b || b + out_bytes <= a) return true;
+  return (op == OpType::AllGather || op == OpType::Gather) && in == out + static_cast<std::uint64_t>(me) * block;
+}
+
 std::uint64_t input_bytes(OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root) {
   const std::uint64_t block = count * ipc::dtype_size(dtype);
   const auto n = static_cast<std::uint64_t>(members);
@@ -113,42 +150,72 @@ bool same_call(const FastCell& a, const FastCell& b) {
   return true;
 }
 
-void read_output(std::span<FastCell* const> cells, int me, std::byte* out) {
-  const FastCell& call = *cells[static_cast<std::size_t>(me)];
+namespace {
+
+// The byte-moving collectives' outputs, copy(m, offset, dst, bytes) taking `bytes` from member
+// m's input at `offset`.
+template <class Copy>
+void copy_output(const FastCell& call, std::size_t n, int me, std::byte* out, Copy&& copy) {
   const std::uint64_t block = call.count * ipc::dtype_size(call.dtype);
-  const auto n = cells.size();
   const auto root = static_cast<std::size_t>(call.root);
   const auto mine = static_cast<std::uint64_t>(me);
+  if (!block) return;
   switch (call.op) {
-    case OpType::Barrier: return;
-    case OpType::AllReduce: return reduce(call, cells, 0, out, call.count);
-    case OpType::Reduce:
-      if (me == call.root) reduce(call, cells, 0, out, call.count);
-      return;
-    case OpType::ReduceScatter: return reduce(call, cells, mine * block, out, call.count);
     case OpType::Broadcast:
-      if (me != call.root && block) std::memcpy(out, Segment::fast_input(*cells[root]), block);
+      if (me != call.root) copy(root, 0, out, block);
       return;
     case OpType::AllGather:
-      for (std::size_t m = 0; m < n && block; ++m) std::memcpy(out + m * block, Segment::fast_input(*cells[m]), block);
+      for (std::size_t m = 0; m < n; ++m) copy(m, 0, out + m * block, block);
       return;
     case OpType::Gather:
       if (me != call.root) return;
-      for (std::size_t m = 0; m < n && block; ++m) std::memcpy(out + m * block, Segment::fast_input(*cells[m]), block);
+      for (std::size_t m = 0; m < n; ++m) copy(m, 0, out + m * block, block);
       return;
-    case OpType::Scatter:
-      if (block) std::memcpy(out, Segment::fast_input(*cells[root]) + mine * block, block);
-      return;
+    case OpType::Scatter: return copy(root, mine * block, out, block);
     case OpType::AllToAll:
-      for (std::size_t m = 0; m < n && block; ++m)
-        std::memcpy(out + m * block, Segment::fast_input(*cells[m]) + mine * block, block);
+      for (std::size_t m = 0; m < n; ++m) copy(m, mine * block, out + m * block, block);
+      return;
+    default: break;
+  }
+  throw std::logic_error(std::string("the host fast path does not copy for ") + std::string(ipc::to_string(call.op)));
+}
+
+}  // namespace
+
+void read_output(std::span<FastCell* const> cells, std::span<const int> pids, int me, std::byte* out) {
+  const FastCell& call = *cells[static_cast<std::size_t>(me)];
+  switch (call.op) {
+    case OpType::Barrier: return;
+    case OpType::AllReduce:
+    case OpType::Reduce:
+    case OpType::ReduceScatter:
+      for (const FastCell* c : cells)
+        if (c->by_address) throw std::logic_error("the host fast path reduces from the cells only");
+      if (call.op == OpType::AllReduce) return reduce(call, cells, 0, out, call.count);
+      if (call.op == OpType::ReduceScatter)
+        return reduce(call, cells, static_cast<std::uint64_t>(me) * call.count * ipc::dtype_size(call.dtype), out,
+                      call.count);
+      if (me == call.root) reduce(call, cells, 0, out, call.count);
       return;
     case OpType::Send:
     case OpType::Recv:
     case OpType::CommCreate:
-      break;
+      throw std::logic_error(std::string("the host fast path does not run ") + std::string(ipc::to_string(call.op)));
+    default: break;
   }
-  throw std::logic_error(std::string("the host fast path does not run ") + std::string(ipc::to_string(call.op)));
+  copy_output(call, cells.size(), me, out, [&](std::size_t m, std::uint64_t offset, std::byte* dst, std::uint64_t bytes) {
+    const FastCell& c = *cells[m];
+    if (!c.by_address) {
+      std::memcpy(dst, Segment::fast_input(const_cast<FastCell&>(c)) + offset, bytes);
+    } else if (m == static_cast<std::size_t>(me)) {
+      // Its own input, in this process (an in-place all-gather's is already where it goes).
+      const auto* src = reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(c.address)) + offset;
+      if (src != dst) std::memmove(dst, src, bytes);
+    } else {
+      if (m >= pids.size()) throw std::logic_error("the host fast path lacks a member's pid");
+      ipc::read_peer(pids[m], c.address + offset, dst, bytes);
+    }
+  });
 }
 
 }  // namespace smddp::client::host_fast

@@ -32,6 +32,18 @@ std::optional<std::uint64_t> largest_read(ipc::OpType op, std::uint64_t count, i
 bool fits(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t cell_bytes,
           std::uint64_t read_bytes, std::uint64_t reduce_bytes, bool reduce_shrinks);
 
+// Whether a call takes the fast path by single copy (FastCell::by_address), again alike on every
+// member: an alltoall or a scatter, or an all-gather or a gather of 2 members, whose largest
+// input is at least single_copy_bytes (SegmentHeader::fast_single_copy_bytes; 0: never). Then no
+// cell or read limit applies: the members read each other's inputs where they are.
+bool single_copy(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t single_copy_bytes);
+
+// Whether member `me` may let the others read its input at `in` while it writes its output at
+// `out`: the two do not overlap, or only where its own block lands on itself (an in-place
+// all-gather or gather, a broadcast's root, which writes nothing). Otherwise it publishes a copy.
+bool input_stays_put(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root,
+                     const std::byte* in, const std::byte* out);
+
 // Bytes member `me` publishes: its input, none for a broadcast's or scatter's non-roots.
 std::uint64_t input_bytes(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root);
 
@@ -40,7 +52,9 @@ bool same_call(const ipc::FastCell& a, const ipc::FastCell& b);
 
 // Writes member `me`'s output of the call every cell holds (`cells` by group rank, all
 // published and checked with same_call) into `out`. Reductions combine the members in group-rank
-// order, so every member computes the same bits.
-void read_output(std::span<ipc::FastCell* const> cells, int me, std::byte* out);
+// order, so every member computes the same bits. A member whose cell is by_address is read from
+// its process, `pids` by group rank (empty when no cell is), its own input in place. Throws
+// std::runtime_error when such a read fails.
+void read_output(std::span<ipc::FastCell* const> cells, std::span<const int> pids, int me, std::byte* out);
 
 }  // namespace smddp::client::host_fast

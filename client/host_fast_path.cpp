@@ -9,7 +9,14 @@
 // Cells are reused every other op of a lane (ipc/segment.hpp): a member publishes number k
 // only once every member's fast_done reached k - 2, and reads its lane's ops in order. A member
 // whose op failed marks its lane given up there; the others then stop waiting for its cells.
+//
+// By single copy (OpPlan::fast_single_copy; collectives that only move bytes, from a size on) a
+// member publishes its input's address instead of the bytes, the others read it from its process
+// (process_vm_readv), and it returns only once every member's fast_done reached k: until then its
+// input is being read. A reader that finds the owner gave up at k after reading fails too: the
+// owner may have returned, and its caller written over the input, during the read.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "client/client_impl.hpp"
@@ -20,6 +27,11 @@ namespace smddp::client {
 namespace {
 
 std::string rank_of_slot(const ipc::Segment& seg, int slot) { return std::to_string(seg.slot(slot).rank); }
+
+// A single-copy read whose owner gave up meanwhile: the owner's failure, not this rank's.
+struct OwnerGaveUp : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 }  // namespace
 
@@ -97,6 +109,16 @@ ClientImpl::FastLook ClientImpl::look_fast_locked(const OpState& op) const {
     return {FastLook::Publish};
   }
   if (op.fast_mismatch_) return {FastLook::Wait};  // the daemon's answer decides
+  if (op.fast_read_) {
+    // Single copy: the others read this rank's input until their marks reach k. One that gave
+    // the lane up at or before k reads no more.
+    for (int s : p.comm_state->fast_slots) {
+      const auto& done = segment_.slot(s).fast_done[lane];
+      const auto g = done.given_up.load(std::memory_order_acquire);
+      if (done.k.load(std::memory_order_acquire) < k && (g == 0 || g > k)) return {FastLook::Wait};
+    }
+    return {FastLook::Finish};
+  }
   // Read in order: this rank finished every earlier op of the lane.
   if (slot_.fast_done[lane].k.load(std::memory_order_relaxed) != k - 1) return {FastLook::Wait};
   for (int s : p.comm_state->fast_slots)
@@ -112,7 +134,20 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
   auto& cell = segment_.fast_cell(local_rank_, lane, k);
   const std::uint64_t bytes =
       host_fast::input_bytes(p.base.op, p.base.count, p.base.dtype, p.group_size, p.group_rank, p.base.root);
-  if (bytes) std::memcpy(ipc::Segment::fast_input(cell), p.in, bytes);
+  if (p.fast_single_copy) {
+    const std::byte* source = p.in;
+    if (bytes && !host_fast::input_stays_put(p.base.op, p.base.count, p.base.dtype, p.group_size, p.group_rank,
+                                             p.base.root, p.in, p.out)) {
+      op.plan_.aux.assign(p.in, p.in + bytes);
+      source = op.plan_.aux.data();
+    }
+    cell.by_address = 1;
+    cell.address = reinterpret_cast<std::uintptr_t>(source);
+  } else {
+    cell.by_address = 0;
+    cell.address = 0;
+    if (bytes) std::memcpy(ipc::Segment::fast_input(cell), p.in, bytes);
+  }
   cell.comm_id = p.base.comm_id;
   cell.seq = p.base.seq;
   cell.count = p.base.count;
@@ -125,13 +160,15 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
   cell.tag.store(k, std::memory_order_release);
   fast_published_[static_cast<std::size_t>(lane)] = k;
   op.fast_published_ = true;
-  op.next_ = op.nchunks_;  // its input is read: later ops may write over it
+  // Its input is read (copied into the cell): later ops may write over it. By single copy only
+  // once the op is done.
+  if (!p.fast_single_copy) op.next_ = op.nchunks_;
   ring_members(op);
   // The daemon hears of it without being woken: it needs the request only to check it.
   ipc::RequestDesc d = p.base;
   d.request_id = next_request_id_++;
   op.fast_request_ = d.request_id;
-  d.flags |= ipc::kFlagHostFast;
+  d.flags |= ipc::kFlagHostFast | (p.fast_single_copy ? ipc::kFlagSingleCopy : 0);
   d.chunk_offset = 0;
   d.chunk_count = d.count;
   d.wait_value = k;
@@ -167,7 +204,29 @@ bool ClientImpl::read_fast_locked(OpState& op) {
   const auto& mine = *cells[static_cast<std::size_t>(p.group_rank)];
   if (!std::all_of(members.begin(), members.end(), [&](const ipc::FastCell* c) { return host_fast::same_call(mine, *c); }))
     return false;
-  host_fast::read_output(members, p.group_rank, p.out);
+  if (!p.fast_single_copy) {
+    host_fast::read_output(members, {}, p.group_rank, p.out);
+    return true;
+  }
+  std::array<int, ipc::kMaxLocalRanks> pids{};
+  for (std::size_t m = 0; m < slots.size(); ++m) pids[m] = segment_.slot(slots[m]).pid;
+  try {
+    host_fast::read_output(members, std::span<const int>(pids.data(), slots.size()), p.group_rank, p.out);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string(e.what()) +
+                             " (host collectives by single copy; daemon.host_single_copy_kib=off copies through "
+                             "shared memory instead)");
+  }
+  // An owner that gave up at this number may have returned during the read, and its caller
+  // written over what was read: the marks are looked at after the bytes (the fence orders them).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (std::size_t m = 0; m < slots.size(); ++m) {
+    const auto g = segment_.slot(slots[m]).fast_done[p.fast_lane].given_up.load(std::memory_order_acquire);
+    if (static_cast<int>(m) != p.group_rank && g != 0 && g <= p.fast_k)
+      throw OwnerGaveUp("rank " + rank_of_slot(segment_, slots[m]) +
+                               " gave up on this collective while its input was read (its fast op #" +
+                               std::to_string(g) + ")");
+  }
   return true;
 }
 
@@ -221,12 +280,24 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
               op.fast_mismatch_ = true;
               break;
             }
+          } catch (const OwnerGaveUp& e) {
+            fail_fast_locked(op, Status::PeerFailed, what() + ": " + e.what(), callbacks);
+            break;
           } catch (const std::exception& e) {
             fail_fast_locked(op, Status::Internal, std::string("host fast path: ") + e.what(), callbacks);
             break;
           }
           slot_.fast_done[p.fast_lane].k.store(p.fast_k, std::memory_order_release);
           ring_members(op);
+          if (p.fast_single_copy) {
+            op.fast_read_ = true;  // the others may still read its input
+            again = true;
+            break;
+          }
+          finish_locked(op, callbacks);
+          finished = true;
+          break;
+        case FastLook::Finish:
           finish_locked(op, callbacks);
           finished = true;
           break;

@@ -74,6 +74,11 @@ struct DaemonConfig {
   // ... and, for all-reduce and reduce, reduces at most this many: beyond it the reduction split
   // among the ranks is faster.
   HostFastReduce host_fast_reduce;
+  // Collectives that only move bytes, whose largest input is at least this many bytes, take the
+  // host fast path by single copy at any size: each member reads the others' inputs where they
+  // are, with process_vm_readv (SegmentHeader::fast_single_copy_bytes). nullopt: off. Off, too,
+  // where the ranks cannot read each other's memory (ipc::peer_reads_unavailable).
+  std::optional<std::uint64_t> host_single_copy_min_bytes = 64ull << 10;
   std::chrono::seconds stall_warning{60};
   std::chrono::seconds collective_timeout{1800};
   std::chrono::seconds exit_grace{10};

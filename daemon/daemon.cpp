@@ -14,6 +14,7 @@
 #include "daemon/control/control_server.hpp"
 #include "daemon/cuda/gpu_executor.hpp"
 #include "daemon/internode/rail_map.hpp"
+#include "ipc/cross_memory.hpp"
 #include "ipc/names.hpp"
 #include "ipc/validate.hpp"
 
@@ -65,6 +66,12 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
   const bool shared_cores = ipc::yield_between_polls(l.nproc_per_node + 1);
   s.fast_reduce_bytes = c.host_fast_reduce.resolve(shared_cores);
   s.fast_reduce_shrinks = c.host_fast_reduce.shrinks(shared_cores);
+  if (c.host_fast_bytes && c.host_single_copy_min_bytes) {
+    if (const auto why = ipc::peer_reads_unavailable())
+      spdlog::info("host collectives by single copy are off: {}; daemon.host_single_copy_kib=off silences this", *why);
+    else
+      s.fast_single_copy_bytes = *c.host_single_copy_min_bytes;
+  }
   return s;
 }
 
@@ -286,8 +293,9 @@ int Daemon::loop() {
       spdlog::warn("rank {} posted {} invalid requests in all, {} of them logged", segment_.slot(static_cast<int>(s)).rank,
                    ranks_[s].invalid, kInvalidLogged);
   segment_.header().state.store(static_cast<std::uint32_t>(ipc::DaemonState::Stopping), std::memory_order_release);
-  spdlog::info("all ranks exited; job exit status {}; {} collectives ({} on the ranks' host fast path), {} bytes",
-               exit_code_, collectives_done_, host_fast_ops_, bytes_moved_);
+  spdlog::info("all ranks exited; job exit status {}; {} collectives ({} on the ranks' host fast path, {} of them by "
+               "single copy), {} bytes",
+               exit_code_, collectives_done_, host_fast_ops_, host_single_copy_ops_, bytes_moved_);
   return exit_code_;
 }
 
@@ -477,6 +485,7 @@ void Daemon::resolve(std::vector<Match> matches) {
       } else {
         ++collectives_done_;
         ++host_fast_ops_;
+        if (m.posted.front().desc.flags & ipc::kFlagSingleCopy) ++host_single_copy_ops_;
         for (const auto& p : m.posted) {
           // The bytes each member's output received, as the daemon's own runs count them.
           const auto want = ipc::expected_bytes(p.desc, m.comm->size(), p.group_rank);

@@ -189,6 +189,7 @@ class Daemon {
   std::vector<std::uint32_t> fast_lanes_taken_;  // by slot: a bit per lane
   std::map<std::uint64_t, int> fast_lane_of_;    // by communicator id
   std::uint64_t host_fast_ops_ = 0;
+  std::uint64_t host_single_copy_ops_ = 0;  // of them, by single copy (ipc::kFlagSingleCopy)
   // A lane for a new communicator whose members are all on this node; -1 when it gets none.
   int take_fast_lane(const Communicator& comm);
   // A match of host fast-path requests: why they cannot have run together, or nullopt.

@@ -108,6 +108,10 @@ void Daemon::update_status(Clock::time_point now) {
                // reduce_bytes is 2 members' limit, x 2 / n for n members.
                {"reduce_shrinks", segment_.header().fast_reduce_shrinks != 0},
                {"operations", host_fast_ops_},
+               // Collectives that only move bytes from this input size on: the members read each
+               // other's inputs where they are (0: off, or refused on this node).
+               {"single_copy_bytes", segment_.header().fast_single_copy_bytes},
+               {"single_copy_operations", host_single_copy_ops_},
                {"communicators", fast_lane_of_.size()}}},
              {"internode", internode_status()},
              {"traffic", traffic_status()},

@@ -95,10 +95,13 @@ inline constexpr std::uint32_t kFlagRail = 1u << 11;
 // many and then calls nothing for a while. wait_value is the lane's fast-op number, the same on
 // every member. chunk_count is the count (one chunk).
 inline constexpr std::uint32_t kFlagHostFast = 1u << 12;
+// With kFlagHostFast: the members read each other's inputs where they are, by single copy
+// (FastCell::by_address). Only counted by the daemon, for the operator.
+inline constexpr std::uint32_t kFlagSingleCopy = 1u << 13;
 inline constexpr std::uint32_t kKnownFlags = kFlagInPlace | kFlagSdp | kFlagSplits | kFlagLastChunk |
                                              kFlagStreamValue | kFlagDeviceFlags | kFlagDaemonCpuWait |
                                              kFlagRankExec | kFlagRankFast | kFlagReadSources |
-                                             kFlagHierarchical | kFlagRail | kFlagHostFast;
+                                             kFlagHierarchical | kFlagRail | kFlagHostFast | kFlagSingleCopy;
 
 struct RequestDesc {
   std::uint64_t request_id = 0;  // client-chosen, echoed in the completion

@@ -246,6 +246,7 @@ Segment Segment::create(const SegmentSpec& spec) {
   h->fast_read_bytes = spec.fast_read_bytes;
   h->fast_reduce_bytes = spec.fast_reduce_bytes;
   h->fast_reduce_shrinks = spec.fast_reduce_shrinks ? 1 : 0;
+  h->fast_single_copy_bytes = spec.fast_cell_bytes ? spec.fast_single_copy_bytes : 0;
   std::strncpy(h->job_id, spec.job_id.c_str(), kJobIdBytes - 1);
   seg.header_ = h;
   for (int r = 0; r < spec.local_world_size; ++r) {

@@ -28,13 +28,14 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 12;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+inline constexpr std::uint32_t kLayoutVersion = 13;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
                                                      // 5: released allocations; 6: reads from the members' arenas;
                                                      // 7: hierarchical GPU operations, staged bytes;
                                                      // 8: the host fast path's cells; 9: shares reduced by the ranks;
                                                      // 10: the host fast path's read limit;
                                                      // 11: its own limit for all-reduce and reduce;
-                                                     // 12: that limit shrinking with the members
+                                                     // 12: that limit shrinking with the members;
+                                                     // 13: single copy (FastCell::address)
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -63,10 +64,13 @@ struct FastCell {
   OpType op = OpType::Barrier;
   DType dtype = DType::Float32;
   ReduceOp reduce_op = ReduceOp::Sum;
-  std::uint8_t reserved0 = 0;
-  std::uint64_t bytes = 0;  // input bytes that follow the cell
-  std::uint64_t reserved1 = 0;
-  // The input follows (SegmentHeader::fast_cell_bytes at most).
+  // 1: single copy (SegmentHeader::fast_single_copy_bytes): the input stays in the member's own
+  // memory, at `address` in the process of its slot's pid, and the others read it from there
+  // (ipc/cross_memory.hpp); the member waits for their fast_done before it returns.
+  std::uint8_t by_address = 0;
+  std::uint64_t bytes = 0;  // input bytes that follow the cell (or at `address`)
+  std::uint64_t address = 0;
+  // The input follows (SegmentHeader::fast_cell_bytes at most), unless by_address.
 };
 static_assert(sizeof(FastCell) == 64);
 struct alignas(64) FastDone {
@@ -100,6 +104,11 @@ struct SegmentHeader {
   std::uint64_t fast_read_bytes = 0;  // the most bytes a member may read from the cells in one operation
   std::uint64_t fast_reduce_bytes = 0;  // ... and reduce, in an all-reduce or a reduce (every input, every member)
   std::uint64_t fast_reduce_shrinks = 0;  // 1: fast_reduce_bytes is 2 members' limit, x 2 / n for n members
+  // Collectives that only move bytes (all-gather, broadcast, gather, scatter, alltoall) whose
+  // largest input is at least this many bytes take the fast path by single copy, at any size:
+  // the members read each other's inputs where they are (FastCell::by_address). 0: never (off,
+  // or the ranks cannot read each other's memory: ipc::peer_reads_unavailable).
+  std::uint64_t fast_single_copy_bytes = 0;
   char job_id[kJobIdBytes] = {};
   std::atomic<std::uint32_t> state{0};
   std::atomic<std::uint64_t> heartbeat{0};
@@ -204,6 +213,7 @@ struct SegmentSpec {
   std::uint64_t fast_read_bytes = 1ull << 20;   // see SegmentHeader::fast_read_bytes
   std::uint64_t fast_reduce_bytes = 1ull << 20; // see SegmentHeader::fast_reduce_bytes
   bool fast_reduce_shrinks = false;              // see SegmentHeader::fast_reduce_shrinks
+  std::uint64_t fast_single_copy_bytes = 0;      // see SegmentHeader::fast_single_copy_bytes
 };
 
 std::uint64_t segment_bytes_for(const SegmentSpec& spec);

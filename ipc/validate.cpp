@@ -137,6 +137,7 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
     if (r.wait_event != -1) return bad("event index " + std::to_string(r.wait_event) + " was never exported");
   }
   if (!(r.scale == r.scale)) return bad("scale is NaN");
+  if ((r.flags & kFlagSingleCopy) && !(r.flags & kFlagHostFast)) return bad("single copy is a form of the host fast path");
 
   if (r.flags & kFlagRankFast) {
     // The ranks moved the bytes themselves: nothing for the daemon to read or write.
@@ -157,7 +158,7 @@ std::optional<std::string> validate_request(const RequestDesc& r, const Validati
       return bad("the host fast path takes collectives only");
     if (r.input.kind != BufferKind::None || r.output.kind != BufferKind::None || r.aux.kind != BufferKind::None)
       return bad("a host fast-path request carries no buffers");
-    if (r.flags & ~(kFlagHostFast | kFlagInPlace | kFlagLastChunk | kFlagSdp))
+    if (r.flags & ~(kFlagHostFast | kFlagSingleCopy | kFlagInPlace | kFlagLastChunk | kFlagSdp))
       return bad("the host fast path takes no other flags");
     if (r.wait_event != -1) return bad("a host fast-path request carries no CUDA event");
     if (r.wait_value == 0) return bad("a host fast-path request without its fast-op number");

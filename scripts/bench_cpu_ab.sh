@@ -9,13 +9,17 @@
 #       --a "--set daemon.split_reduce_min_kib=0" --b "--set daemon.split_reduce_min_kib=off"
 #   scripts/bench_cpu_ab.sh --op allgather --build-b ../old/build      # the previous build as B
 #
+# Open MPI runs with its single copy off (btl_vader_single_copy_mechanism none, as in containers
+# without ptrace rights); --mpi-cma adds a run with it on (cma: process_vm_readv, as smddp's
+# single copy), its column "MPI cma".
+#
 # Raw lines ("A|B|mpi bytes us") go to RESULTS/OP-Nr.raw, the table to RESULTS/OP-Nr.md.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 
 op=allreduce ranks=2 rounds=5 min=64K max=16M factor=4 iters=100 warmup=10 dtype=float32
-build_a=build build_b=build args_a="" args_b="" results="results/$(date +%F)-cpu-ab"
+build_a=build build_b=build args_a="" args_b="" results="results/$(date +%F)-cpu-ab" mpi_cma=0
 usage() {
   sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   cat <<EOF
@@ -24,6 +28,7 @@ options:
   --build-a DIR --build-b DIR   build trees (both: $build_a)
   --a STR --b STR               extra smddprun options of A and of B
   --results DIR                 where the raw lines and the table go ($results)
+  --mpi-cma                     also Open MPI with its single copy (CMA) on
 EOF
 }
 while [ $# -gt 0 ]; do
@@ -42,6 +47,7 @@ while [ $# -gt 0 ]; do
     --a) args_a="$2"; shift 2 ;;
     --b) args_b="$2"; shift 2 ;;
     --results) results="$2"; shift 2 ;;
+    --mpi-cma) mpi_cma=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "bench_cpu_ab.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -72,6 +78,10 @@ for i in $(seq "$rounds"); do
   if [ $((i % 2)) -eq 1 ]; then run_a; run_b; else run_b; run_a; fi
   mpirun -np "$ranks" --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
     --bind-to none --allow-run-as-root "$build_a/bin/mpi-bench" "${sweep[@]}" | keep mpi >>"$raw"
+  if [ "$mpi_cma" = 1 ]; then
+    mpirun -np "$ranks" --oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism cma \
+      --bind-to none --allow-run-as-root "$build_a/bin/mpi-bench" "${sweep[@]}" | keep mpicma >>"$raw"
+  fi
 done
 python3 - "$raw" "$results/$op-${ranks}r.md" "$op" "$ranks" "$rounds" "A: $build_a $args_a" "B: $build_b $args_b" <<'PY'
 import collections, statistics, sys
@@ -88,8 +98,16 @@ def ratio(x, y, s):
 lines = ["%s, %s ranks, median of %s rounds (range), us per call; ratios: the other's time / A's" % (op, ranks, rounds),
          "", "- " + a, "- " + b, "",
          "| bytes | A | B | Open MPI | B/A | MPI/A |", "|---:|---:|---:|---:|---:|---:|"]
+cma = any(who == "mpicma" for who, _ in t)
+if cma:
+    lines[-2] = "| bytes | A | B | Open MPI | MPI cma | B/A | MPI/A | MPI cma/A |"
+    lines[-1] = "|---:|---:|---:|---:|---:|---:|---:|---:|"
 for s in sorted({s for _, s in t}):
-    lines.append("| %d | %s | %s | %s | %s | %s |" % (s, cell("A", s), cell("B", s), cell("mpi", s), ratio("A", "B", s), ratio("A", "mpi", s)))
+    if cma:
+        lines.append("| %d | %s | %s | %s | %s | %s | %s | %s |" % (s, cell("A", s), cell("B", s), cell("mpi", s), cell("mpicma", s),
+                     ratio("A", "B", s), ratio("A", "mpi", s), ratio("A", "mpicma", s)))
+    else:
+        lines.append("| %d | %s | %s | %s | %s | %s |" % (s, cell("A", s), cell("B", s), cell("mpi", s), ratio("A", "B", s), ratio("A", "mpi", s)))
 open(md, "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

@@ -293,8 +293,9 @@ std::string format_status_text(const json& status) {
     out << "; " << text(*sr, "shares_behind") << " shares behind\n";
   }
   if (const json* hf = field(status, "host_fast_path"); hf && hf->is_object() && number(*hf, "operations").value_or(0) > 0)
-    out << "  host fast path: " << text(*hf, "operations") << " small host collectives run by the ranks among themselves ("
-        << text(*hf, "communicators") << " communicators with a lane)\n";
+    out << "  host fast path: " << text(*hf, "operations") << " host collectives run by the ranks among themselves ("
+        << text(*hf, "single_copy_operations") << " by single copy; " << text(*hf, "communicators")
+        << " communicators with a lane)\n";
   out << "  bytes moved:   ";
   if (auto b = number(status, "bytes_moved"))
     out << format_bytes(*b);
@@ -428,6 +429,9 @@ std::string format_prometheus(const std::vector<NodeStatus>& nodes) {
   scalar("smddp_host_fast_operations_total", "counter",
          "Small host collectives the ranks ran among themselves (the host fast path); the daemon only checked them.",
          nested("host_fast_path", "operations"));
+  scalar("smddp_host_single_copy_operations_total", "counter",
+         "Host collectives of the fast path whose ranks read each other's inputs where they are (process_vm_readv).",
+         nested("host_fast_path", "single_copy_operations"));
   scalar("smddp_direct_read_copies_behind", "gauge",
          "Copies from the members' arenas the ranks were sent and have not made yet.",
          nested("direct_reads", "copies_behind"));

@@ -11,6 +11,10 @@
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/host_fast.hpp"
 #include "fake_daemon.hpp"
 
 namespace {
@@ -35,14 +39,15 @@ constexpr std::uint64_t kCell = 4096;
 
 struct Job {
   explicit Job(int n, std::uint64_t cell = kCell, std::uint64_t read = 1ull << 20, std::uint64_t reduce = 1ull << 20,
-               bool reduce_shrinks = false)
-      : job(unique_job("fast")), daemon(spec(job, n, cell, read, reduce, reduce_shrinks)) {
+               bool reduce_shrinks = false, std::uint64_t single_copy = 0)
+      : job(unique_job("fast")), daemon(spec(job, n, cell, read, reduce, reduce_shrinks, single_copy)) {
     daemon.start();
     for (int r = 0; r < n; ++r) ranks.push_back(Client::attach(attach_options(job, r, n, n)));
   }
   static ipc::SegmentSpec spec(const std::string& job, int n, std::uint64_t cell, std::uint64_t read,
-                               std::uint64_t reduce, bool reduce_shrinks) {
+                               std::uint64_t reduce, bool reduce_shrinks, std::uint64_t single_copy) {
     auto s = small_spec(job, n, n);
+    s.fast_single_copy_bytes = single_copy;
     s.fast_cell_bytes = cell;
     s.fast_read_bytes = read;
     s.fast_reduce_bytes = reduce;
@@ -58,6 +63,11 @@ struct Job {
   std::size_t fast_requests() const {
     std::size_t n = 0;
     for (const auto& d : daemon.requests()) n += (d.flags & ipc::kFlagHostFast) != 0;
+    return n;
+  }
+  std::size_t single_copy_requests() const {
+    std::size_t n = 0;
+    for (const auto& d : daemon.requests()) n += (d.flags & ipc::kFlagSingleCopy) != 0;
     return n;
   }
   std::string job;
@@ -429,6 +439,175 @@ TEST(HostFast, AFrozenDaemonIsNoticedWhilePeersSpin) {
     EXPECT_EQ(e.status(), Status::PeerFailed);
     EXPECT_NE(std::string(e.what()).find("stopped responding"), std::string::npos) << e.what();
   }
+}
+
+// --- Single copy: the members read each other's inputs where they are -------------------
+
+constexpr std::uint64_t kSingleCopy = 8192;  // from 8 KiB of largest input; cells hold 4 KiB
+
+// Where one copy saves half of the shared-memory route's: alltoall and scatter at any size of
+// group, all-gather and gather of 2 members; from the size on, and never when off.
+TEST(HostFastSingleCopy, TakesAlltoallScatterAndTwoMembersGathersFromItsSizeOn) {
+  using smddp::client::host_fast::single_copy;
+  EXPECT_TRUE(single_copy(OpType::AllGather, 2048, DType::Float32, 2, kSingleCopy));
+  EXPECT_FALSE(single_copy(OpType::AllGather, 2047, DType::Float32, 2, kSingleCopy));
+  EXPECT_FALSE(single_copy(OpType::AllGather, 1 << 20, DType::Float32, 2, 0));  // off
+  EXPECT_TRUE(single_copy(OpType::Gather, 2048, DType::Float32, 2, kSingleCopy));
+  EXPECT_FALSE(single_copy(OpType::AllGather, 1 << 20, DType::Float32, 3, kSingleCopy));
+  EXPECT_FALSE(single_copy(OpType::Gather, 1 << 20, DType::Float32, 4, kSingleCopy));
+  // The scatter root's and alltoall's n blocks are the largest input.
+  EXPECT_TRUE(single_copy(OpType::Scatter, 1024, DType::Float32, 2, kSingleCopy));
+  EXPECT_FALSE(single_copy(OpType::Scatter, 1023, DType::Float32, 2, kSingleCopy));
+  EXPECT_TRUE(single_copy(OpType::AllToAll, 512, DType::Float64, 2, kSingleCopy));
+  EXPECT_TRUE(single_copy(OpType::AllToAll, 256, DType::Float64, 4, kSingleCopy));
+  EXPECT_TRUE(single_copy(OpType::Scatter, 1 << 20, DType::Float32, 8, kSingleCopy));
+  for (auto op : {OpType::Broadcast, OpType::AllReduce, OpType::Reduce, OpType::ReduceScatter, OpType::Barrier})
+    EXPECT_FALSE(single_copy(op, 1 << 20, DType::Float32, 2, kSingleCopy)) << ipc::to_string(op);
+}
+
+TEST(HostFastSingleCopy, AMemberPublishesItsOwnInputUnlessItsWritesWouldChangeIt) {
+  using smddp::client::host_fast::input_stays_put;
+  std::vector<std::byte> buf(1 << 16);
+  std::byte* b = buf.data();
+  constexpr std::uint64_t n = 256;  // float32: 1 KiB blocks
+  EXPECT_TRUE(input_stays_put(OpType::AllGather, n, DType::Float32, 2, 1, 0, b, b + 8192));      // apart
+  EXPECT_TRUE(input_stays_put(OpType::AllGather, n, DType::Float32, 2, 1, 0, b + 1024, b));      // in place
+  EXPECT_FALSE(input_stays_put(OpType::AllGather, n, DType::Float32, 2, 1, 0, b, b));            // over block 0
+  EXPECT_TRUE(input_stays_put(OpType::Gather, n, DType::Float32, 2, 1, 0, b, b));                // a non-root writes nothing
+  EXPECT_FALSE(input_stays_put(OpType::Gather, n, DType::Float32, 2, 0, 0, b + 1024, b));        // the root's block 1 is rank 1's
+  EXPECT_TRUE(input_stays_put(OpType::Broadcast, n, DType::Float32, 2, 0, 0, b, b));             // the root writes nothing
+  EXPECT_FALSE(input_stays_put(OpType::AllToAll, n, DType::Float32, 2, 0, 0, b, b));             // in place
+  EXPECT_FALSE(input_stays_put(OpType::Scatter, n, DType::Float32, 2, 0, 0, b, b + 1024));       // the root's block 1
+}
+
+// Every collective that takes it, at 4x the cell, for 2 and 3 members, in and out of place;
+// an all-reduce of that size still goes through the daemon.
+TEST(HostFastSingleCopy, EveryCollectiveThatTakesItComputesTheRightOutputAboveTheCell) {
+  for (int members : {2, 3}) {
+    SCOPED_TRACE(members);
+    Job j(members, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy);
+    const auto nm = static_cast<std::uint64_t>(members);
+    const bool pair = members == 2;  // all-gather and gather too
+    constexpr std::uint64_t n = 4 * kCell / 4;  // float32 elements of a block
+    j.each([&](int r) {
+      auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+      const auto rr = static_cast<std::uint64_t>(r);
+      const float base = static_cast<float>(100000 * r);
+      auto in = iota(nm * n, base);
+      std::vector<float> out(nm * n, -1);
+      const auto value = [&](std::uint64_t rank, std::uint64_t i) { return static_cast<float>(100000 * rank + i); };
+
+      if (pair) {
+        w->allgather(in.data(), out.data(), n, DType::Float32)->wait(10000ms);
+        for (std::uint64_t i = 0; i < nm * n; ++i) ASSERT_EQ(out[i], value(i / n, i % n)) << "allgather " << i;
+
+        std::fill(out.begin(), out.end(), -1.f);
+        w->gather(in.data(), out.data(), n, DType::Float32, 0)->wait(10000ms);
+        for (std::uint64_t i = 0; i < nm * n && r == 0; ++i) ASSERT_EQ(out[i], value(i / n, i % n)) << "gather " << i;
+
+        // In place: the input is its block of the output, published as it is.
+        auto g = std::vector<float>(nm * n, -1);
+        std::copy_n(in.begin(), n, g.begin() + static_cast<std::ptrdiff_t>(rr * n));
+        w->allgather(g.data() + rr * n, g.data(), n, DType::Float32)->wait(10000ms);
+        for (std::uint64_t i = 0; i < nm * n; ++i) ASSERT_EQ(g[i], value(i / n, i % n)) << "in-place allgather " << i;
+      }
+
+      w->scatter(in.data(), out.data(), n, DType::Float32, 1)->wait(10000ms);
+      for (std::uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], value(1, rr * n + i)) << "scatter " << i;
+
+      w->alltoall(in.data(), out.data(), n, DType::Float32)->wait(10000ms);
+      for (std::uint64_t i = 0; i < nm * n; ++i) ASSERT_EQ(out[i], value(i / n, rr * n + i % n)) << "alltoall " << i;
+
+      // In place, an alltoall's input is its output: published as a copy, since this rank
+      // writes over it while the others read.
+      auto a = in;
+      w->alltoall(a.data(), a.data(), n, DType::Float32)->wait(10000ms);
+      for (std::uint64_t i = 0; i < nm * n; ++i) ASSERT_EQ(a[i], value(i / n, rr * n + i % n)) << "in-place alltoall " << i;
+
+      w->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum)->wait(10000ms);  // through the daemon
+    });
+    j.daemon.settle();
+    const std::size_t single = (pair ? 6u : 3u) * nm;
+    EXPECT_EQ(j.single_copy_requests(), single);
+    EXPECT_EQ(j.fast_requests(), single);
+    EXPECT_EQ(j.daemon.requests().size(), single + nm);
+  }
+}
+
+// A member returns only once the others are done reading its input: here rank 1 is played by
+// the test, which publishes its cell and marks its reads done by hand.
+TEST(HostFastSingleCopy, AMemberReturnsOnlyOnceTheOthersReadItsInput) {
+  Job j(2, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy);
+  constexpr std::uint64_t n = kSingleCopy / 4;
+  std::vector<float> in0(n, 1.f), in1(n, 2.f), out(2 * n, 0.f);
+  auto& seg = j.daemon.segment();
+  auto& cell = seg.fast_cell(1, 0, 1);
+  cell.comm_id = 0;
+  cell.seq = 1;
+  cell.count = n;
+  cell.op = OpType::AllGather;
+  cell.dtype = DType::Float32;
+  cell.bytes = n * 4;
+  cell.by_address = 1;
+  cell.address = reinterpret_cast<std::uintptr_t>(in1.data());
+  cell.tag.store(1, std::memory_order_release);
+  auto work = j.ranks[0]->world()->allgather(in0.data(), out.data(), n, DType::Float32);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (seg.slot(0).fast_done[0].k.load() < 1 && std::chrono::steady_clock::now() < until) {
+    work->test();
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(seg.slot(0).fast_done[0].k.load(), 1u);  // it read rank 1's input
+  EXPECT_EQ(out[0], 1.f);
+  EXPECT_EQ(out[n], 2.f);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(work->test()) << "rank 0 returned while rank 1 may still read its input";
+  seg.slot(1).fast_done[0].k.store(1, std::memory_order_release);
+  seg.slot(0).client_bell.ring();
+  work->wait(5000ms);
+}
+
+// What the one before shows, end to end: each member writes over its input as soon as its call
+// returns, and no member ever reads the new values.
+TEST(HostFastSingleCopy, AMemberMayWriteOverItsInputAsSoonAsItsCallReturns) {
+  Job j(3, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy);
+  constexpr std::uint64_t n = 4 * kCell;  // a block
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    std::vector<float> in(3 * n), out(3 * n);
+    for (int it = 0; it < 200; ++it) {
+      std::fill(in.begin(), in.end(), static_cast<float>(10 * it + r));
+      w->alltoall(in.data(), out.data(), n, DType::Float32)->wait(10000ms);
+      std::fill(in.begin(), in.end(), -1.f);
+      for (std::uint64_t i = 0; i < 3 * n; i += 97)
+        ASSERT_EQ(out[i], static_cast<float>(10 * it + static_cast<int>(i / n))) << "iteration " << it << ", " << i;
+    }
+  });
+}
+
+// A read that the kernel refuses (here: the pid of a process that has ended) fails that member
+// with the reason and what turns the path off. The other, whose own read went through, finishes
+// or fails; its next collective on the communicator fails naming the member (the lane is given up).
+TEST(HostFastSingleCopy, AReadThatFailsIsANamedErrorAndEndsTheCommunicatorsFastPath) {
+  Job j(2, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  j.daemon.segment().slot(1).pid = child;  // rank 0 reads rank 1 from a process that is gone
+  std::vector<std::string> errors(2);
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    std::vector<float> in(kSingleCopy, 1.f), out(2 * kSingleCopy);
+    try {
+      w->allgather(in.data(), out.data(), kSingleCopy, DType::Float32)->wait(10000ms);
+      if (r == 1) w->allgather(in.data(), out.data(), 1, DType::Float32)->wait(10000ms);
+    } catch (const Error& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("process_vm_readv"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("daemon.host_single_copy_kib=off"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 0"), std::string::npos) << errors[1];
 }
 
 }  // namespace

@@ -67,6 +67,7 @@ void expect_builtin_defaults(const DaemonConfig& c) {
   EXPECT_EQ(c.host_fast_bytes, d.host_fast_bytes);
   EXPECT_EQ(c.host_fast_read_bytes, d.host_fast_read_bytes);
   EXPECT_EQ(c.host_fast_reduce, d.host_fast_reduce);
+  EXPECT_EQ(c.host_single_copy_min_bytes, d.host_single_copy_min_bytes);
 }
 
 TEST(DaemonConfig, BuiltInDefaults) {
@@ -88,6 +89,7 @@ TEST(DaemonConfig, BuiltInDefaults) {
   EXPECT_EQ(c.host_fast_bytes, 512ull << 10);
   EXPECT_EQ(c.host_fast_read_bytes, 1ull << 20);
   EXPECT_EQ(c.host_fast_reduce, HostFastReduce{});
+  EXPECT_EQ(c.host_single_copy_min_bytes, std::optional<std::uint64_t>(64ull << 10));
 }
 
 TEST(DaemonConfig, HostFastPathTakesACellSizeAReadLimitAndAReduceLimit) {
@@ -113,6 +115,15 @@ TEST(DaemonConfig, HostFastPathTakesACellSizeAReadLimitAndAReduceLimit) {
   expect_invalid("", {"daemon.host_fast_read_kib=auto"}, {"daemon.host_fast_read_kib"});
   expect_invalid("", {"daemon.host_fast_reduce_kib=never"}, {"daemon.host_fast_reduce_kib"});
   expect_invalid("", {"daemon.host_fast_reduce_kib=-1"}, {"daemon.host_fast_reduce_kib"});
+}
+
+TEST(DaemonConfig, SingleCopyTakesASizeOrOff) {
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_single_copy_kib=1"}).host_single_copy_min_bytes,
+            std::optional<std::uint64_t>(1024));
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_single_copy_kib=off"}).host_single_copy_min_bytes, std::nullopt);
+  expect_invalid("", {"daemon.host_single_copy_kib=0"}, {"daemon.host_single_copy_kib"});  // off says it
+  expect_invalid("", {"daemon.host_single_copy_kib=auto"}, {"daemon.host_single_copy_kib"});
+  expect_invalid("", {"daemon.host_single_copy_kib=4194305"}, {"daemon.host_single_copy_kib"});
 }
 
 // One endpoint per EFA device on AWS; 1..64, and a clear error otherwise.

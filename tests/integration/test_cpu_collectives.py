@@ -33,10 +33,31 @@ def test_every_collective_on_both_sides_of_the_host_fast_path_boundary(job, npro
                 extra=["--set", "daemon.host_fast_kib=1"])
     assert r.returncode == 0, r.stdout[-4000:]
     assert_all_ranks_passed(r.stdout, nproc)
-    m = re.search(r"(\d+) collectives \((\d+) on the ranks' host fast path\)", r.stdout)
-    assert m, r.stdout[-4000:]
-    total, fast = int(m.group(1)), int(m.group(2))
-    assert 0 < fast < total, m.group(0)
+    total, fast, _ = fast_path_counts(r.stdout)
+    assert 0 < fast < total, (total, fast)
+
+
+def fast_path_counts(out):
+    # The daemon's last line: all collectives, those on the host fast path, those by single copy.
+    m = re.search(r"(\d+) collectives \((\d+) on the ranks' host fast path, (\d+) of them by single copy\)", out)
+    assert m, out[-4000:]
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_every_collective_on_both_sides_of_the_single_copy_boundary(job, nproc):
+    # From 1 KiB of largest input the byte-moving collectives take the host fast path by single
+    # copy (the members read each other's inputs with process_vm_readv), at any size: the 1 MiB +
+    # 3 elements of the checker's default sizes too. Reductions of those sizes do not.
+    sizes = sorted({c + d for e in (1, 2, 4, 8) for n in (1, nproc) for c in [1024 // e // n] for d in (-1, 0)})
+    r = job.run(nproc, "collective_check", "--subgroup", "--sizes", ",".join(map(str, sizes + [(1 << 20) + 3])),
+                extra=["--set", "daemon.host_single_copy_kib=1"])
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, nproc)
+    total, fast, single = fast_path_counts(r.stdout)
+    assert 0 < single < fast < total, (total, fast, single)
+    # Every rank's last requests were matched before its exit was judged.
+    assert "while others wait for it" not in r.stdout, r.stdout[-4000:]
 
 
 def test_every_collective_64_mib(job):

@@ -289,6 +289,17 @@ TEST(ValidateHostFast, EveryCollectiveWithoutBuffersPasses) {
   auto sdp = host_fast(OpType::AllGather);
   sdp.flags |= kFlagSdp | kFlagInPlace;
   EXPECT_EQ(validate_request(sdp, ctx()), std::nullopt);
+  auto single = host_fast(OpType::AllGather);
+  single.flags |= kFlagSingleCopy;
+  EXPECT_EQ(validate_request(single, ctx()), std::nullopt);
+}
+
+TEST(ValidateHostFast, SingleCopyOutsideTheHostFastPathIsRefused) {
+  RequestDesc d;
+  d.op = OpType::AllGather;
+  d.count = d.chunk_count = 8;
+  d.flags = kFlagSingleCopy;
+  EXPECT_TRUE(fails(d, ctx(), "single copy is a form of the host fast path"));
 }
 
 TEST(ValidateHostFast, PointToPointBuffersFlagsAndMissingNumbersAreRefused) {
