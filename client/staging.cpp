@@ -226,6 +226,7 @@ bool ClientImpl::submit_device_locked(OpState& op) {
 }
 
 void ClientImpl::submit_queued_locked(Deferred& callbacks) {
+  if (queue_.empty() && p2p_.empty() && outbox_.empty() && !posted_) return;  // as after every host fast-path op
   // Submissions, strictly in issue order so every rank fills its arena alike.
   while (!queue_.empty()) {
     auto& op = *queue_.front();

@@ -132,6 +132,38 @@ TEST(HostFast, EveryCollectiveOfTwoRanksComputesTheRightOutput) {
   EXPECT_EQ(j.daemon.requests().size(), 20u);
 }
 
+// A sum of a few elements skips the kernels' dispatch: the same results, integers wrapping as
+// the kernels' do, for each dtype it takes, and a dtype it does not take still right.
+TEST(HostFast, AFewElementsSumAsTheKernelsDo) {
+  Job j(3);
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    const std::int32_t i32[2] = {r == 0 ? INT32_MAX : 1, -r};
+    std::int32_t o32[2] = {};
+    w->allreduce(i32, o32, 2, DType::Int32, ReduceOp::Sum)->wait(10000ms);
+    EXPECT_EQ(o32[0], INT32_MIN + 1);  // INT32_MAX + 1 + 1, wrapped
+    EXPECT_EQ(o32[1], -3);
+    const std::int64_t i64 = r == 2 ? INT64_MAX : 0;
+    std::int64_t o64 = 0;
+    w->allreduce(&i64, &o64, 1, DType::Int64, ReduceOp::Sum)->wait(10000ms);
+    EXPECT_EQ(o64, INT64_MAX);
+    const double d[3] = {0.1 * r, 1e300, -1.5};
+    double od[3] = {};
+    w->allreduce(d, od, 3, DType::Float64, ReduceOp::Sum)->wait(10000ms);
+    EXPECT_EQ(od[0], (0.0 + 0.1) + 0.2);  // in rank order
+    EXPECT_EQ(od[1], 3e300);
+    EXPECT_EQ(od[2], -4.5);
+    std::vector<float> f(16, 0.5f), of(16);
+    w->allreduce(f.data(), of.data(), 16, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+    EXPECT_EQ(of[15], 1.5f);
+    const std::uint8_t u[2] = {200, static_cast<std::uint8_t>(r)};
+    std::uint8_t ou[2] = {};
+    w->allreduce(u, ou, 2, DType::UInt8, ReduceOp::Max)->wait(10000ms);  // the kernels
+    EXPECT_EQ(ou[0], 200);
+    EXPECT_EQ(ou[1], 2);
+  });
+}
+
 TEST(HostFast, TheCellSizeIsTheBoundaryForEveryRole) {
   Job j(2);
   const std::uint64_t fits = kCell / 4;  // float32 elements of a whole cell
