@@ -657,6 +657,19 @@ std::optional<std::string> Daemon::check_hierarchical(const Match& m, bool acros
   if (static_cast<int>(m.posted.size()) != here)
     return "smddp " + op + ": internal error: " + std::to_string(m.posted.size()) + " of " + std::to_string(here) +
            " local members matched";
+  // The matcher leaves a group across nodes to the inter-node engine, which judges every
+  // member's call; but the plan answered here lets this node's members read each other's
+  // buffers first, so they must agree now (a rank that skipped a call would have them read
+  // past its buffer).
+  const auto& first = m.posted.front().desc;
+  if (!std::all_of(m.posted.begin(), m.posted.end(), [&](const Posted& p) { return same_signature(first, p.desc); })) {
+    std::string calls;
+    for (const auto& p : m.posted)
+      calls += (calls.empty() ? " " : ", ") + std::string("rank ") + std::to_string(segment_.slot(p.slot).rank) +
+               " called " + describe_call(p.desc);
+    return "collective mismatch on communicator " + std::to_string(m.comm->id) + " (operation #" +
+           std::to_string(first.seq) + "):" + calls;
+  }
   return std::nullopt;
 }
 

@@ -11,9 +11,6 @@ using ipc::OpType;
 using ipc::RequestDesc;
 using ipc::Status;
 
-namespace {
-
-// The fields every member must agree on.
 bool same_signature(const RequestDesc& a, const RequestDesc& b) {
   constexpr std::uint32_t kMustMatch = ipc::kFlagSdp | ipc::kFlagSplits;
   if (a.op != b.op || a.dtype != b.dtype || a.count != b.count || a.chunk_offset != b.chunk_offset ||
@@ -23,8 +20,6 @@ bool same_signature(const RequestDesc& a, const RequestDesc& b) {
   if (rooted(a.op) && a.root != b.root) return false;
   return true;
 }
-
-}  // namespace
 
 std::string describe_call(const RequestDesc& d) {
   std::ostringstream s;

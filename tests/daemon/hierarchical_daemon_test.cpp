@@ -218,6 +218,17 @@ TEST(DaemonHierarchical, RequestsThatCannotRunHierarchicallyFailOnEveryMemberSay
     expect_failure(w[1], "disagree");
   }
   {
+    // The members of node 0 disagree on the count (rank 1 skipped a call): they fail naming both
+    // calls, and get no plan that would have them read each other's buffers.
+    std::vector<WorkPtr> w;
+    for (int g = 0; g < kWorld; ++g) w.push_back(ranks[g]->client->world()->device_op(hier_allreduce(g, g == 1 ? 128 : 64)));
+    for (int g = 0; g < 2; ++g) {
+      expect_failure(w[g], "collective mismatch");
+      expect_failure(w[g], "rank 1 called allreduce(float32, count=128");
+      for (const auto& c : ranks[g]->rec.take()) EXPECT_NE(c.kind, CompletionKind::Plan) << "rank " << g;
+    }
+  }
+  {
     // A group within node 0.
     std::vector<client::CommunicatorPtr> local(2);
     std::thread t([&] { local[1] = ranks[1]->client->create_communicator(501, {0, 1}); });
