@@ -12,7 +12,7 @@ import torch.distributed as dist
 import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
 
 local = int(os.environ.get("LOCAL_RANK", "0"))
-torch.cuda.set_device(local)
+torch.cuda.set_device(local % torch.cuda.device_count())  # ranks may share a GPU
 dist.init_process_group("smddp")
 rank = dist.get_rank()
 

@@ -189,9 +189,11 @@ def check_reduce_scatter(dname, n, tensor_form, op="SUM"):
         del full, whole
     else:
         # Only this rank's block of every input: all of them, stacked and widened, took about
-        # 18 GiB a rank at 64 Mi elements, more than 4 ranks of one 80 GiB GPU have.
-        want = reference_reduce(torch.stack([values(r, W * n, dname)[rank * n:(rank + 1) * n] for r in range(W)]),
-                                op, dname)
+        # 18 GiB a rank at 64 Mi elements, more than 4 ranks of one 80 GiB GPU have. Each block
+        # is cloned so that its whole input goes at once (a slice keeps all of it: 2 GiB of
+        # float64 an input).
+        want = reference_reduce(
+            torch.stack([values(r, W * n, dname)[rank * n:(rank + 1) * n].clone() for r in range(W)]), op, dname)
     out = torch.zeros(n, dtype=DTYPES[dname], device=dev)
     if tensor_form:
         dist.reduce_scatter_tensor(out, mine, op=torch_op(op))
