@@ -11,7 +11,7 @@
 namespace smddp::client {
 
 std::chrono::seconds orphan_grace_from_env() {
-  const char* v = std::getenv("SMDDP_ORPHAN_GRACE_S");
+  const char* v = std::getenv(ipc::kOrphanGraceEnv);
   if (!v || !*v) return kOrphanGrace;
   char* end = nullptr;
   const long s = std::strtol(v, &end, 10);

@@ -13,11 +13,13 @@
 
 #include <chrono>
 
+#include "ipc/orphan_grace.hpp"
+
 namespace smddp::client {
 
 // How long a rank may outlive its daemon when the daemon names no grace: time to reach its next
 // smddp call, report the failure and exit on its own.
-inline constexpr std::chrono::seconds kOrphanGrace{60};
+inline constexpr std::chrono::seconds kOrphanGrace = ipc::kDefaultOrphanGrace;
 
 // The grace the daemon named in SMDDP_ORPHAN_GRACE_S (seconds), else kOrphanGrace.
 std::chrono::seconds orphan_grace_from_env();

@@ -10,6 +10,7 @@
 
 #include "daemon/internode/tuner.hpp"
 #include "daemon/transport/fault_plan.hpp"
+#include "ipc/orphan_grace.hpp"
 
 namespace smddp::daemon {
 
@@ -85,7 +86,7 @@ struct DaemonConfig {
   // How long a rank may outlive this daemon killed outright (client/orphan_watch.hpp): a rank busy
   // in its own work that long still reaches its next call and the named error; one that never
   // calls again holds its GPU that long after the job.
-  std::chrono::seconds orphan_grace{60};
+  std::chrono::seconds orphan_grace = ipc::kDefaultOrphanGrace;
   std::string log_level = "info";
   std::string fabric_provider = "tcp;ofi_rxm";
   std::string fabric_interface = "auto";  // daemon/internode/interface_choice.hpp

@@ -16,6 +16,7 @@
 #include "daemon/internode/rail_map.hpp"
 #include "ipc/cross_memory.hpp"
 #include "ipc/names.hpp"
+#include "ipc/orphan_grace.hpp"
 #include "ipc/validate.hpp"
 
 namespace smddp::daemon {
@@ -148,7 +149,7 @@ int Daemon::run(const std::vector<std::string>& command) {
         {"SMDDP_NODE_ID", std::to_string(layout_.node_id)},
         {"SMDDP_NUM_NODES", std::to_string(layout_.num_nodes)},
         {"SMDDP_DAEMON_PID", std::to_string(::getpid())},
-        {"SMDDP_ORPHAN_GRACE_S", std::to_string(config_.orphan_grace.count())},
+        {ipc::kOrphanGraceEnv, std::to_string(config_.orphan_grace.count())},
         {"MASTER_ADDR", layout_.master_addr},
         {"MASTER_PORT", std::to_string(layout_.master_port)},
     };
