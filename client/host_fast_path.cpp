@@ -213,6 +213,11 @@ bool ClientImpl::read_fast_locked(OpState& op) {
   try {
     host_fast::read_output(members, std::span<const int>(pids.data(), slots.size()), p.group_rank, p.out);
   } catch (const std::runtime_error& e) {
+    // A member that ended meanwhile is the failure (the job's error follows), not the mechanism.
+    for (std::size_t m = 0; m < slots.size(); ++m)
+      if (!ipc::process_alive(pids[m]))
+        throw OwnerGaveUp("rank " + rank_of_slot(segment_, slots[m]) + " (pid " + std::to_string(pids[m]) +
+                          ") ended while this rank read its input");
     throw std::runtime_error(std::string(e.what()) +
                              " (host collectives by single copy; daemon.host_single_copy_kib=off copies through "
                              "shared memory instead)");

@@ -617,29 +617,41 @@ TEST(HostFastSingleCopy, AMemberMayWriteOverItsInputAsSoonAsItsCallReturns) {
   });
 }
 
-// A read that the kernel refuses (here: the pid of a process that has ended) fails that member
-// with the reason and what turns the path off. The other, whose own read went through, finishes
-// or fails; its next collective on the communicator fails naming the member (the lane is given up).
+// A read that the kernel refuses (here: rank 1's pid names a live process of another user, or
+// the test's own child that has ended) fails that member with the reason, and what turns the
+// path off unless the other member ended. The other, whose own read went through, finishes or
+// fails; its next collective on the communicator fails naming the member (the lane is given up).
 TEST(HostFastSingleCopy, AReadThatFailsIsANamedErrorAndEndsTheCommunicatorsFastPath) {
-  Job j(2, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy);
-  const pid_t child = ::fork();
-  if (child == 0) ::_exit(0);
-  ::waitpid(child, nullptr, 0);
-  j.daemon.segment().slot(1).pid = child;  // rank 0 reads rank 1 from a process that is gone
-  std::vector<std::string> errors(2);
-  j.each([&](int r) {
-    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
-    std::vector<float> in(kSingleCopy, 1.f), out(2 * kSingleCopy);
-    try {
-      w->allgather(in.data(), out.data(), kSingleCopy, DType::Float32)->wait(10000ms);
-      if (r == 1) w->allgather(in.data(), out.data(), 1, DType::Float32)->wait(10000ms);
-    } catch (const Error& e) {
-      errors[static_cast<std::size_t>(r)] = e.what();
+  for (const bool ended : {false, true}) {
+    SCOPED_TRACE(ended ? "the owner ended" : "the read refused");
+    Job j(2, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy);
+    pid_t owner = 1;  // init: alive, and its memory not this process's to read
+    if (ended) {
+      owner = ::fork();
+      if (owner == 0) ::_exit(0);
+      ::waitpid(owner, nullptr, 0);
     }
-  });
-  EXPECT_NE(errors[0].find("process_vm_readv"), std::string::npos) << errors[0];
-  EXPECT_NE(errors[0].find("daemon.host_single_copy_kib=off"), std::string::npos) << errors[0];
-  EXPECT_NE(errors[1].find("rank 0"), std::string::npos) << errors[1];
+    j.daemon.segment().slot(1).pid = owner;  // rank 0 reads rank 1 from another process
+    std::vector<std::string> errors(2);
+    j.each([&](int r) {
+      auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+      std::vector<float> in(kSingleCopy, 1.f), out(2 * kSingleCopy);
+      try {
+        w->allgather(in.data(), out.data(), kSingleCopy, DType::Float32)->wait(10000ms);
+        if (r == 1) w->allgather(in.data(), out.data(), 1, DType::Float32)->wait(10000ms);
+      } catch (const Error& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+    if (ended) {
+      EXPECT_NE(errors[0].find("rank 1 (pid " + std::to_string(owner) + ") ended while this rank read its input"),
+                std::string::npos) << errors[0];
+    } else {
+      EXPECT_NE(errors[0].find("process_vm_readv"), std::string::npos) << errors[0];
+      EXPECT_NE(errors[0].find("daemon.host_single_copy_kib=off"), std::string::npos) << errors[0];
+    }
+    EXPECT_NE(errors[1].find("rank 0"), std::string::npos) << errors[1];
+  }
 }
 
 }  // namespace
