@@ -54,6 +54,8 @@ def test_every_collective_on_both_sides_of_the_single_copy_boundary(job, nproc):
                 extra=["--set", "daemon.host_single_copy_kib=1"])
     assert r.returncode == 0, r.stdout[-4000:]
     assert_all_ranks_passed(r.stdout, nproc)
+    if "host collectives by single copy are off" in r.stdout:
+        pytest.skip("this system refuses process_vm_readv: " + r.stdout.split("single copy are off: ")[1][:200])
     total, fast, single = fast_path_counts(r.stdout)
     assert 0 < single < fast < total, (total, fast, single)
     # Every rank's last requests were matched before its exit was judged.
