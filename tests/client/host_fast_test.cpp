@@ -11,8 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include "client/host_fast.hpp"
 #include "ipc/cross_memory.hpp"
@@ -628,20 +631,41 @@ TEST(HostFastSingleCopy, AMemberMayWriteOverItsInputAsSoonAsItsCallReturns) {
   });
 }
 
-// A read that the kernel refuses (here: rank 1's pid names a live process of another user, or
-// the test's own child that has ended) fails that member with the reason, and what turns the
-// path off unless the other member ended. The other, whose own read went through, finishes or
-// fails; its next collective on the communicator fails naming the member (the lane is given up).
+// A child running `sleep` (its exec done: the pipe closes on it), whose memory holds nothing at
+// this process's heap addresses.
+pid_t start_sleeper() {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return -1;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(p[1]);
+  char c;
+  while (::read(p[0], &c, 1) > 0) {}
+  ::close(p[0]);
+  return child;
+}
+
+// A read that the kernel cannot make (here: rank 1's pid names another program, where its input's
+// address is not mapped, or a child that has ended) fails that member with the reason, and what
+// turns the path off unless the other member ended. The other, whose own read went through,
+// finishes or fails; its next collective on the communicator fails naming the member (the lane
+// is given up).
 TEST(HostFastSingleCopy, AReadThatFailsIsANamedErrorAndEndsTheCommunicatorsFastPath) {
   SKIP_WITHOUT_PEER_READS();
   for (const bool ended : {false, true}) {
     SCOPED_TRACE(ended ? "the owner ended" : "the read refused");
     Job j(2, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy);
-    pid_t owner = 1;  // init: alive, and its memory not this process's to read
+    pid_t owner = -1;
     if (ended) {
       owner = ::fork();
       if (owner == 0) ::_exit(0);
       ::waitpid(owner, nullptr, 0);
+    } else {
+      owner = start_sleeper();
+      ASSERT_GT(owner, 0);
     }
     j.daemon.segment().slot(1).pid = owner;  // rank 0 reads rank 1 from another process
     std::vector<std::string> errors(2);
@@ -663,6 +687,10 @@ TEST(HostFastSingleCopy, AReadThatFailsIsANamedErrorAndEndsTheCommunicatorsFastP
       EXPECT_NE(errors[0].find("daemon.host_single_copy_kib=off"), std::string::npos) << errors[0];
     }
     EXPECT_NE(errors[1].find("rank 0"), std::string::npos) << errors[1];
+    if (!ended) {
+      ::kill(owner, SIGKILL);
+      ::waitpid(owner, nullptr, 0);
+    }
   }
 }
 
