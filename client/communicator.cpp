@@ -304,7 +304,6 @@ class CommImpl final : public Communicator {
     if (takes_fast_path(p)) {
       p.fast_lane = seq_->fast_lane;
       p.fast_k = ++seq_->fast_ops;
-      p.fast_single_copy = single_copy(p);
       return client_->submit_fast(std::move(p), timeout);
     }
     return client_->submit(std::move(p), timeout);
@@ -312,17 +311,17 @@ class CommImpl final : public Communicator {
 
   // Whether a call takes the host fast path: decided from the call and the communicator alone,
   // so that every member decides alike (client/host_fast_path.cpp).
-  bool takes_fast_path(const OpPlan& p) const {
+  // Sets p.fast_single_copy when it takes the path by single copy.
+  bool takes_fast_path(OpPlan& p) const {
     if (seq_->fast_lane < 0 || seq_->fast_off.load(std::memory_order_relaxed)) return false;
     if (p.device || p.copier || p.ordered_by_caller || p.unchunked || (p.base.flags & ipc::kFlagSplits)) return false;
     const OpType op = p.base.op;
     if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
-    return host_fast::fits(op, p.base.count, p.base.dtype, size(), client_->fast_cell_bytes(),
-                           client_->fast_read_bytes(), client_->fast_reduce_bytes(), client_->fast_reduce_shrinks()) ||
-           single_copy(p);
-  }
-  bool single_copy(const OpPlan& p) const {
-    return host_fast::single_copy(p.base.op, p.base.count, p.base.dtype, size(), client_->fast_single_copy_bytes());
+    p.fast_single_copy =
+        host_fast::single_copy(op, p.base.count, p.base.dtype, size(), client_->fast_single_copy_bytes());
+    return p.fast_single_copy ||
+           host_fast::fits(op, p.base.count, p.base.dtype, size(), client_->fast_cell_bytes(),
+                           client_->fast_read_bytes(), client_->fast_reduce_bytes(), client_->fast_reduce_shrinks());
   }
 
  public:

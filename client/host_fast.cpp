@@ -143,17 +143,12 @@ bool single_copy(OpType op, std::uint64_t count, ipc::DType dtype, int members, 
   return in && *in >= single_copy_bytes;
 }
 
-bool input_stays_put(OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root,
-                     const std::byte* in, const std::byte* out) {
-  const std::uint64_t block = count * ipc::dtype_size(dtype);
-  const std::uint64_t in_bytes = input_bytes(op, count, dtype, members, me, root);
-  const std::uint64_t out_bytes = op == OpType::AllGather || (op == OpType::Gather && me == root) ||
-                                          op == OpType::AllToAll
-                                      ? static_cast<std::uint64_t>(members) * block
-                                      : (op == OpType::Broadcast && me != root) || op == OpType::Scatter ? block : 0;
+bool input_stays_put(OpType op, std::uint64_t count, ipc::DType dtype, int me, const std::byte* in,
+                     std::uint64_t in_bytes, const std::byte* out, std::uint64_t out_bytes) {
   const auto a = reinterpret_cast<std::uintptr_t>(in), b = reinterpret_cast<std::uintptr_t>(out);
   if (!in_bytes || !out_bytes || a + in_bytes <= b || b + out_bytes <= a) return true;
-  return (op == OpType::AllGather || op == OpType::Gather) && in == out + static_cast<std::uint64_t>(me) * block;
+  return (op == OpType::AllGather || op == OpType::Gather) &&
+         in == out + static_cast<std::uint64_t>(me) * count * ipc::dtype_size(dtype);
 }
 
 std::uint64_t input_bytes(OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root) {

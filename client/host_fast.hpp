@@ -38,11 +38,11 @@ bool fits(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, st
 // cell or read limit applies: the members read each other's inputs where they are.
 bool single_copy(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t single_copy_bytes);
 
-// Whether member `me` may let the others read its input at `in` while it writes its output at
-// `out`: the two do not overlap, or only where its own block lands on itself (an in-place
-// all-gather or gather, a broadcast's root, which writes nothing). Otherwise it publishes a copy.
-bool input_stays_put(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root,
-                     const std::byte* in, const std::byte* out);
+// Whether member `me` may let the others read its input (`in_bytes` at `in`) while it writes its
+// output (`out_bytes` at `out`): the two do not overlap, or only where its own block lands on
+// itself (an in-place all-gather or gather). Otherwise it publishes a copy.
+bool input_stays_put(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int me, const std::byte* in,
+                     std::uint64_t in_bytes, const std::byte* out, std::uint64_t out_bytes);
 
 // Bytes member `me` publishes: its input, none for a broadcast's or scatter's non-roots.
 std::uint64_t input_bytes(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, int me, int root);

@@ -136,8 +136,9 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
       host_fast::input_bytes(p.base.op, p.base.count, p.base.dtype, p.group_size, p.group_rank, p.base.root);
   if (p.fast_single_copy) {
     const std::byte* source = p.in;
-    if (bytes && !host_fast::input_stays_put(p.base.op, p.base.count, p.base.dtype, p.group_size, p.group_rank,
-                                             p.base.root, p.in, p.out)) {
+    // The spans the op's memory order already measured: what it reads of p.in, writes of p.out.
+    if (bytes && !host_fast::input_stays_put(p.base.op, p.base.count, p.base.dtype, p.group_rank, p.in, op.in_span_,
+                                             p.out, op.out_span_)) {
       op.plan_.aux.assign(p.in, p.in + bytes);
       source = op.plan_.aux.data();
     }

@@ -512,15 +512,15 @@ TEST(HostFastSingleCopy, AMemberPublishesItsOwnInputUnlessItsWritesWouldChangeIt
   using smddp::client::host_fast::input_stays_put;
   std::vector<std::byte> buf(1 << 16);
   std::byte* b = buf.data();
-  constexpr std::uint64_t n = 256;  // float32: 1 KiB blocks
-  EXPECT_TRUE(input_stays_put(OpType::AllGather, n, DType::Float32, 2, 1, 0, b, b + 8192));      // apart
-  EXPECT_TRUE(input_stays_put(OpType::AllGather, n, DType::Float32, 2, 1, 0, b + 1024, b));      // in place
-  EXPECT_FALSE(input_stays_put(OpType::AllGather, n, DType::Float32, 2, 1, 0, b, b));            // over block 0
-  EXPECT_TRUE(input_stays_put(OpType::Gather, n, DType::Float32, 2, 1, 0, b, b));                // a non-root writes nothing
-  EXPECT_FALSE(input_stays_put(OpType::Gather, n, DType::Float32, 2, 0, 0, b + 1024, b));        // the root's block 1 is rank 1's
-  EXPECT_TRUE(input_stays_put(OpType::Broadcast, n, DType::Float32, 2, 0, 0, b, b));             // the root writes nothing
-  EXPECT_FALSE(input_stays_put(OpType::AllToAll, n, DType::Float32, 2, 0, 0, b, b));             // in place
-  EXPECT_FALSE(input_stays_put(OpType::Scatter, n, DType::Float32, 2, 0, 0, b, b + 1024));       // the root's block 1
+  constexpr std::uint64_t n = 256;  // float32: 1 KiB blocks; the spans are the op's own (OpState)
+  EXPECT_TRUE(input_stays_put(OpType::AllGather, n, DType::Float32, 1, b, 1024, b + 8192, 2048));      // apart
+  EXPECT_TRUE(input_stays_put(OpType::AllGather, n, DType::Float32, 1, b + 1024, 1024, b, 2048));      // in place
+  EXPECT_FALSE(input_stays_put(OpType::AllGather, n, DType::Float32, 1, b, 1024, b, 2048));            // over block 0
+  EXPECT_TRUE(input_stays_put(OpType::Gather, n, DType::Float32, 1, b, 1024, b, 0));                // a non-root writes nothing
+  EXPECT_FALSE(input_stays_put(OpType::Gather, n, DType::Float32, 0, b + 1024, 1024, b, 2048));        // the root's block 1 is rank 1's
+  EXPECT_TRUE(input_stays_put(OpType::Broadcast, n, DType::Float32, 0, b, 1024, b, 0));             // the root writes nothing
+  EXPECT_FALSE(input_stays_put(OpType::AllToAll, n, DType::Float32, 0, b, 2048, b, 2048));             // in place
+  EXPECT_FALSE(input_stays_put(OpType::Scatter, n, DType::Float32, 0, b, 2048, b + 1024, 1024));       // the root's block 1
 }
 
 // Every collective that takes it, at 4x the cell, for 2 and 3 members, in and out of place;
