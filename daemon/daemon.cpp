@@ -662,16 +662,7 @@ std::optional<std::string> Daemon::check_hierarchical(const Match& m, bool acros
   // member's call; but the plan answered here lets this node's members read each other's
   // buffers first, so they must agree now (a rank that skipped a call would have them read
   // past its buffer).
-  const auto& first = m.posted.front().desc;
-  if (!std::all_of(m.posted.begin(), m.posted.end(), [&](const Posted& p) { return same_signature(first, p.desc); })) {
-    std::string calls;
-    for (const auto& p : m.posted)
-      calls += (calls.empty() ? " " : ", ") + std::string("rank ") + std::to_string(segment_.slot(p.slot).rank) +
-               " called " + describe_call(p.desc);
-    return "collective mismatch on communicator " + std::to_string(m.comm->id) + " (operation #" +
-           std::to_string(first.seq) + "):" + calls;
-  }
-  return std::nullopt;
+  return disagreement(*m.comm, m.posted.front().desc.seq, m.posted);
 }
 
 std::optional<std::string> Daemon::send_plans(const Match& m) {

@@ -11,6 +11,9 @@ using ipc::OpType;
 using ipc::RequestDesc;
 using ipc::Status;
 
+namespace {
+
+// The fields every member must agree on.
 bool same_signature(const RequestDesc& a, const RequestDesc& b) {
   constexpr std::uint32_t kMustMatch = ipc::kFlagSdp | ipc::kFlagSplits;
   if (a.op != b.op || a.dtype != b.dtype || a.count != b.count || a.chunk_offset != b.chunk_offset ||
@@ -20,6 +23,8 @@ bool same_signature(const RequestDesc& a, const RequestDesc& b) {
   if (rooted(a.op) && a.root != b.root) return false;
   return true;
 }
+
+}  // namespace
 
 std::string describe_call(const RequestDesc& d) {
   std::ostringstream s;
@@ -176,29 +181,29 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
 
 Match Matcher::check_signatures(Entry& e, const CollKey& key) {
   Match m{e.comm, {}, Status::Ok, {}};
-  bool agree = true;
-  const RequestDesc* first = nullptr;
-  for (auto& q : e.by_rank) {
-    if (!q) continue;
-    if (!first) first = &q->desc;
-    else if (!same_signature(*first, q->desc)) agree = false;
-  }
-  if (!agree) {
-    std::ostringstream s;
-    s << "collective mismatch on communicator " << std::get<0>(key) << " (operation #" << std::get<1>(key) << "):";
-    const char* sep = " ";
-    for (auto& q : e.by_rank) {
-      if (!q) continue;
-      s << sep << "rank " << e.comm->global_ranks[static_cast<std::size_t>(q->group_rank)] << " called "
-        << describe_call(q->desc);
-      sep = ", ";
-    }
-    m.status = Status::Mismatch;
-    m.error = s.str();
-  }
   for (auto& q : e.by_rank)
     if (q) m.posted.push_back(*q);
+  if (auto err = disagreement(*e.comm, std::get<1>(key), m.posted)) {
+    m.status = Status::Mismatch;
+    m.error = std::move(*err);
+  }
   return m;
+}
+
+std::optional<std::string> disagreement(const Communicator& comm, std::uint64_t seq, const std::vector<Posted>& posted) {
+  if (posted.empty() || std::all_of(posted.begin(), posted.end(), [&](const Posted& p) {
+        return same_signature(posted.front().desc, p.desc);
+      }))
+    return std::nullopt;
+  std::ostringstream s;
+  s << "collective mismatch on communicator " << comm.id << " (operation #" << seq << "):";
+  const char* sep = " ";
+  for (const auto& p : posted) {
+    s << sep << "rank " << comm.global_ranks[static_cast<std::size_t>(p.group_rank)] << " called "
+      << describe_call(p.desc);
+    sep = ", ";
+  }
+  return s.str();
 }
 
 std::vector<Match> Matcher::post_create(int slot, const RequestDesc& d, std::vector<int> members,

@@ -140,8 +140,8 @@ class Matcher {
 // "allreduce(float32, count=8, op=sum)": how a rank's call is named in error messages.
 std::string describe_call(const ipc::RequestDesc& d);
 
-// Whether two members' calls agree on what every member must (op, dtype, count, chunk, reduce op,
-// root, the flags that change the layout).
-bool same_signature(const ipc::RequestDesc& a, const ipc::RequestDesc& b);
+// The mismatch error naming every member's call ("collective mismatch on communicator 0
+// (operation #3): rank 0 called ..., rank 1 called ..."), or nullopt when they agree.
+std::optional<std::string> disagreement(const Communicator& comm, std::uint64_t seq, const std::vector<Posted>& posted);
 
 }  // namespace smddp::daemon
