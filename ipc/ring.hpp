@@ -31,6 +31,18 @@ class SpscRing {
     return true;
   }
 
+  // Producer side: `fill(T&)` writes the item in its slot (no copy of a large T on the way).
+  // Returns false when full, without calling it.
+  template <class Fill>
+  bool try_push_with(Fill&& fill) noexcept {
+    const std::uint64_t tail = tail_.load(std::memory_order_relaxed);
+    const std::uint64_t head = head_.load(std::memory_order_acquire);
+    if (tail - head >= Capacity) return false;
+    fill(slots_[tail & (Capacity - 1)]);
+    tail_.store(tail + 1, std::memory_order_release);
+    return true;
+  }
+
   enum class PopResult { Item, Empty, Corrupt };
 
   // Consumer side.

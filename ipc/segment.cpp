@@ -30,10 +30,6 @@ struct Layout {
   std::uint64_t slots_offset, slot_bytes, fast_offset, arenas_offset, total;
 };
 
-// A slot's fast cells: two per lane, each a FastCell and its input.
-std::uint64_t fast_area_bytes(std::uint64_t cell_bytes) {
-  return cell_bytes ? align_up(2 * kFastLanes * (sizeof(FastCell) + cell_bytes), kPage) : 0;
-}
 
 Layout layout_for(int local_world_size, std::uint64_t arena_bytes, std::uint64_t fast_cell_bytes) {
   Layout l{};
@@ -164,26 +160,11 @@ Segment::~Segment() {
   if (owner_) bip::shared_memory_object::remove(name_.c_str());
 }
 
-RankSlot& Segment::slot(int local_rank) const noexcept {
-  auto* base = reinterpret_cast<std::byte*>(header_);
-  return *reinterpret_cast<RankSlot*>(base + header_->slots_offset +
-                                      header_->slot_bytes * static_cast<std::uint64_t>(local_rank));
-}
-
 std::span<std::byte> Segment::arena(int local_rank) const noexcept {
   auto* base = reinterpret_cast<std::byte*>(header_);
   const std::uint64_t stride = align_up(header_->arena_bytes, kPage);
   return {base + header_->arenas_offset + stride * static_cast<std::uint64_t>(local_rank),
           static_cast<std::size_t>(header_->arena_bytes)};
-}
-
-FastCell& Segment::fast_cell(int local_rank, int lane, std::uint64_t k) const noexcept {
-  auto* base = reinterpret_cast<std::byte*>(header_);
-  const std::uint64_t cell = sizeof(FastCell) + header_->fast_cell_bytes;
-  const std::uint64_t index = static_cast<std::uint64_t>(lane) * 2 + k % 2;
-  return *reinterpret_cast<FastCell*>(base + header_->fast_offset +
-                                      fast_area_bytes(header_->fast_cell_bytes) * static_cast<std::uint64_t>(local_rank) +
-                                      index * cell);
 }
 
 Segment Segment::create(const SegmentSpec& spec) {

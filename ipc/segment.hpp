@@ -218,6 +218,12 @@ struct SegmentSpec {
 
 std::uint64_t segment_bytes_for(const SegmentSpec& spec);
 
+// A slot's fast cells: two per lane, each a FastCell and its input, in whole pages.
+constexpr std::uint64_t fast_area_bytes(std::uint64_t cell_bytes) {
+  constexpr std::uint64_t page = 4096;
+  return cell_bytes ? (2 * kFastLanes * (sizeof(FastCell) + cell_bytes) + page - 1) / page * page : 0;
+}
+
 class Segment {
  public:
   // Daemon side. Throws std::runtime_error with a clear message when a live daemon already
@@ -264,6 +270,22 @@ class Segment {
   std::string name_;
   bool owner_ = false;
 };
+
+// In the header: the host fast path looks up cells and slots several times an operation.
+inline RankSlot& Segment::slot(int local_rank) const noexcept {
+  auto* base = reinterpret_cast<std::byte*>(header_);
+  return *reinterpret_cast<RankSlot*>(base + header_->slots_offset +
+                                      header_->slot_bytes * static_cast<std::uint64_t>(local_rank));
+}
+
+inline FastCell& Segment::fast_cell(int local_rank, int lane, std::uint64_t k) const noexcept {
+  auto* base = reinterpret_cast<std::byte*>(header_);
+  const std::uint64_t cell = sizeof(FastCell) + header_->fast_cell_bytes;
+  const std::uint64_t index = static_cast<std::uint64_t>(lane) * 2 + k % 2;
+  return *reinterpret_cast<FastCell*>(base + header_->fast_offset +
+                                      fast_area_bytes(header_->fast_cell_bytes) * static_cast<std::uint64_t>(local_rank) +
+                                      index * cell);
+}
 
 // True if process `pid` exists and has not ended (a zombie has).
 bool process_alive(int pid) noexcept;

@@ -35,6 +35,27 @@ TEST(SpscRing, FifoAndFull) {
   }
 }
 
+TEST(SpscRing, PushWithFillsTheSlotInPlaceAndNeverWhenFull) {
+  auto ring = std::make_unique<SpscRing<int, 4>>();
+  int calls = 0;
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(ring->try_push_with([&](int& slot) {
+      ++calls;
+      slot = 10 + i;
+    }));
+  EXPECT_FALSE(ring->try_push_with([&](int& slot) {
+    ++calls;
+    slot = 99;
+  }));
+  EXPECT_EQ(calls, 4);  // a full ring does not call it: the oldest item stays
+  int v = 0;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(ring->try_pop(v), (SpscRing<int, 4>::PopResult::Item));
+    EXPECT_EQ(v, 10 + i);
+  }
+  EXPECT_TRUE(ring->empty());
+}
+
 TEST(SpscRing, CorruptCountersAreDetected) {
   auto ring = std::make_unique<SpscRing<int, 4>>();
   ASSERT_TRUE(ring->try_push(1));
