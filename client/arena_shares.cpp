@@ -137,7 +137,7 @@ void ClientImpl::start_share_locked(const ipc::CompletionDesc& c, Deferred& call
     inflight_.erase(it);
   }
   OpState* op = w.inf.op.get();
-  const bool live = op && op->status_ == Status::Ok;
+  const bool live = op && !op->done() && op->status_ == Status::Ok;  // a done op's outcome stays
   std::optional<std::string> why = check_shares(c, live ? op : nullptr, live ? &w.inf : nullptr);
   if (!why) {
     try {

@@ -66,11 +66,22 @@ struct SeqState {
   // through the daemon. Every member of a failed collective gets the error, so all of them turn
   // the path off together.
   std::atomic<bool> fast_off{false};
+  // The size rule's last answer (under mu; the node's limits do not change): a loop of like
+  // calls asks it once.
+  struct FastRule {
+    ipc::OpType op = ipc::OpType::Barrier;
+    ipc::DType dtype = ipc::DType::Float32;
+    std::uint64_t count = UINT64_MAX;
+    bool takes = false, single_copy = false;
+  } last_rule;
 };
 
 // How one operation maps user buffers to staged chunks (see plan() in client.cpp).
 struct OpPlan {
-  ipc::RequestDesc base;          // op, dtype, reduce_op, root, tag, count, flags, scale, comm, seq
+  // op, dtype, reduce_op, root, tag, count, flags, scale, comm, seq. Its input and output are
+  // the GPU path's prebuilt CUDA references (nothing is staged but aux); a host op's are none
+  // (each chunk names its arena regions).
+  ipc::RequestDesc base;
   int group_size = 1;
   int group_rank = 0;
   const std::byte* in = nullptr;  // user input
@@ -85,8 +96,6 @@ struct OpPlan {
   // rank's own writes would change before they read it (host_fast::input_stays_put).
   std::vector<std::byte> aux;
   std::uint64_t in_bytes_total = 0, out_bytes_total = 0;  // unchunked forms (alltoallv)
-  // GPU path: the buffers travel as prebuilt CUDA references; nothing is staged but aux.
-  ipc::BufferRef dev_in, dev_out;
   std::uint64_t wait_value = 0;
   std::uint64_t exec_token = 0;
   int wait_event = -1;
@@ -136,7 +145,8 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
   std::uint64_t next_ = 0;      // next chunk to submit
   std::uint64_t finished_ = 0;  // chunks answered
   std::uint64_t inflight_ = 0;
-  Status status_ = Status::Ok;  // guarded by the client's mutex
+  // Guarded by the client's mutex, and with error_ written only before done_ (then read freely).
+  Status status_ = Status::Ok;
   std::atomic<bool> done_{false};
   // The host fast path: its input is in its cell (published); the members' cells disagree on
   // the call (the daemon's answer says how).
@@ -212,6 +222,11 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void submit_queued_locked(Deferred& callbacks);  // what may go to the daemon now
   // Blocks until `op` is done or `until`; returns whether it is done.
   bool wait_for(OpState& op, std::chrono::steady_clock::time_point until);
+  // A published host fast-path op, not by single copy (host_fast_path.cpp): spins on the
+  // members' cells without the lock for up to kSpin, then finishes it in one locked pass.
+  // Returns whether it is done; `status` and `error` are then its outcome (`error` only when
+  // not Ok). false: wait_for drives it.
+  bool wait_fast(OpState& op, Status& status, std::string& error);
   std::mutex& mutex() { return mu_; }
   void wake_progress() { work_cv_.notify_one(); }
   std::uint64_t chunk_bytes() const { return chunk_bytes_; }

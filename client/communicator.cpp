@@ -196,8 +196,8 @@ class CommImpl final : public Communicator {
       std::memcpy(r.ipc_handle, b->ipc_handle.data(), sizeof r.ipc_handle);
       return r;
     };
-    p.dev_in = ref(c.input);
-    p.dev_out = ref(c.output);
+    p.base.input = ref(c.input);
+    p.base.output = ref(c.output);
     p.wait_event = c.wait_event;
     p.wait_value = c.wait_value;
     p.rank_exec = c.rank_exec;
@@ -317,11 +317,20 @@ class CommImpl final : public Communicator {
     if (p.device || p.copier || p.ordered_by_caller || p.unchunked || (p.base.flags & ipc::kFlagSplits)) return false;
     const OpType op = p.base.op;
     if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
-    p.fast_single_copy =
-        host_fast::single_copy(op, p.base.count, p.base.dtype, size(), client_->fast_single_copy_bytes());
-    return p.fast_single_copy ||
-           host_fast::fits(op, p.base.count, p.base.dtype, size(), client_->fast_cell_bytes(),
-                           client_->fast_read_bytes(), client_->fast_reduce_bytes(), client_->fast_reduce_shrinks());
+    auto& rule = seq_->last_rule;  // seq_->mu is held (go)
+    if (rule.op != op || rule.dtype != p.base.dtype || rule.count != p.base.count) {
+      rule.op = op;
+      rule.dtype = p.base.dtype;
+      rule.count = p.base.count;
+      rule.single_copy =
+          host_fast::single_copy(op, p.base.count, p.base.dtype, size(), client_->fast_single_copy_bytes());
+      rule.takes = rule.single_copy ||
+                   host_fast::fits(op, p.base.count, p.base.dtype, size(), client_->fast_cell_bytes(),
+                                   client_->fast_read_bytes(), client_->fast_reduce_bytes(),
+                                   client_->fast_reduce_shrinks());
+    }
+    p.fast_single_copy = rule.single_copy;
+    return rule.takes;
   }
 
  public:

@@ -15,8 +15,11 @@
 // (process_vm_readv), and it returns only once every member's fast_done reached k: until then its
 // input is being read. A reader that finds the owner gave up at k after reading fails too: the
 // owner may have returned, and its caller written over the input, during the read.
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 
 #include "client/client_impl.hpp"
@@ -166,15 +169,18 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
   if (!p.fast_single_copy) op.next_ = op.nchunks_;
   ring_members(op);
   // The daemon hears of it without being woken: it needs the request only to check it.
-  ipc::RequestDesc d = p.base;
-  d.request_id = next_request_id_++;
-  op.fast_request_ = d.request_id;
-  d.flags |= ipc::kFlagHostFast | (p.fast_single_copy ? ipc::kFlagSingleCopy : 0);
-  d.chunk_offset = 0;
-  d.chunk_count = d.count;
-  d.wait_value = k;
-  d.input = d.output = d.aux = ipc::BufferRef{};
-  if (outbox_.empty() && slot_.requests.try_push(d)) {
+  op.fast_request_ = next_request_id_++;
+  // The call's fields, no buffers: the daemon only checks it (three BufferRefs are most of it).
+  const auto fill = [&](ipc::RequestDesc& d) {
+    std::memcpy(static_cast<void*>(&d), &p.base, offsetof(ipc::RequestDesc, input));
+    d.request_id = op.fast_request_;
+    d.flags |= ipc::kFlagHostFast | (p.fast_single_copy ? ipc::kFlagSingleCopy : 0);
+    d.chunk_offset = 0;
+    d.chunk_count = d.count;
+    d.wait_value = k;
+    d.input = d.output = d.aux = ipc::BufferRef{};
+  };
+  if (outbox_.empty() && slot_.requests.try_push_with(fill)) {
     // No inflight_ entry: the daemon answers only an error, which complete_locked routes by
     // fast_request_ among the fast ops not done (an entry cost an allocation per op).
     // Wake the daemon once the ring is half full, so that it drains while this rank fills the
@@ -187,6 +193,8 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
     // pushes the rest if this rank calls nothing more.
     const bool first = outbox_.empty();
     ++op.inflight_;
+    ipc::RequestDesc d;
+    fill(d);
     outbox_.push_back(Staged{d, Inflight{holder, 0, kNoRegion, 0}, 0});
     if (first) {
       segment_.header().daemon_bell.ring();
@@ -327,6 +335,49 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
   fast_count_.store(fast_.size(), std::memory_order_relaxed);
   // Another thread of this process may sleep waiting for one of them.
   if (finished) slot_.client_bell.ring();
+}
+
+bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
+  const OpPlan& p = op.plan_;
+  const int lane = p.fast_lane;
+  const std::uint64_t k = p.fast_k;
+  // Its own cell carries k once it is published (it held k - 2 before): an op still waiting to
+  // publish is the general wait's.
+  if (segment_.fast_cell(local_rank_, lane, k).tag.load(std::memory_order_acquire) != k) return false;
+  const auto& slots = p.comm_state->fast_slots;
+  const auto cells_there = [&] {
+    for (int s : slots)
+      if (segment_.fast_cell(s, lane, k).tag.load(std::memory_order_acquire) != k) return false;
+    return true;
+  };
+  // A member that gave up, a failed job or a timeout never fills the cells: after kSpin the
+  // general wait, which looks for all of them, takes over.
+  Clock::time_point spin_end{};
+  for (unsigned polls = 1; !op.done() && !cells_there(); ++polls) {
+    ipc::cpu_relax();
+    if (polls % 8 == 0) {  // the clock costs about a poll
+      const auto now = Clock::now();
+      if (polls == 8) spin_end = now + kSpin;
+      else if (now >= spin_end) return false;
+    }
+    if (yield_between_polls_) ::sched_yield();
+  }
+  Deferred callbacks;
+  bool finished = false, hand_over = false;
+  {
+    std::lock_guard lk(mu_);
+    progress_locked(callbacks);
+    finished = op.done();
+    if (finished) {
+      status = op.status_;
+      if (status != Status::Ok) error = op.error_;
+      // As wait_for's end: what is left for the progress thread to drive.
+      hand_over = waiters_ == 0 && (active_ > 0 || fast_seen_ || !outbox_.empty());
+    }
+  }
+  if (hand_over) work_cv_.notify_one();
+  run(callbacks);
+  return finished;
 }
 
 bool ClientImpl::fast_ready_locked() const {

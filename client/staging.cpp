@@ -147,7 +147,7 @@ void ClientImpl::drop_staged_locked(Staged& s, Deferred& callbacks, bool free_re
 }
 
 void ClientImpl::check_copier_locked(OpState& op) {
-  if (op.status_ != Status::Ok || !op.plan_.copier) return;
+  if (op.done() || op.status_ != Status::Ok || !op.plan_.copier) return;  // a done op's outcome stays
   auto why = op.plan_.copier->error();
   if (why.empty()) return;
   op.status_ = Status::Internal;
@@ -209,8 +209,6 @@ bool ClientImpl::submit_device_locked(OpState& op) {
   d.request_id = next_request_id_++;
   d.chunk_offset = 0;
   d.flags |= ipc::kFlagLastChunk;
-  d.input = p.dev_in;
-  d.output = p.dev_out;
   d.wait_event = p.wait_event;
   d.wait_value = p.wait_value;
   if (at != kNoRegion) {
