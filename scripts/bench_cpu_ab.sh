@@ -92,7 +92,10 @@ for line in open(raw):
     t[(who, int(size))].append(float(us))
 def cell(who, s):
     v = t.get((who, s))
-    return "%.1f (%.0f-%.0f)" % (statistics.median(v), min(v), max(v)) if v else "-"
+    if not v:
+        return "-"
+    f = "%.1f (%.1f-%.1f)" if max(v) < 100 else "%.1f (%.0f-%.0f)"  # small times: the tenths matter
+    return f % (statistics.median(v), min(v), max(v))
 def ratio(x, y, s):
     return "%.2f" % (statistics.median(t[(y, s)]) / statistics.median(t[(x, s)])) if t.get((x, s)) and t.get((y, s)) else "-"
 lines = ["%s, %s ranks, median of %s rounds (range), us per call; ratios: the other's time / A's" % (op, ranks, rounds),
