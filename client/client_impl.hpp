@@ -457,6 +457,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // User threads inside wait_for(). While there are some, they drive progress and the
   // progress thread stays off the doorbell, so the daemon's ring() needs no futex wake.
   int waiters_ = 0;
+  // The progress thread polls or sleeps on this rank's client bell (between its unlock and its
+  // next lock). With no waiter either, a finished fast op rings nobody: the ring would pull the
+  // bell's cache line from the peer that rings it for every op.
+  bool progress_on_bell_ = false;
   bool fast_seen_ = false;  // a GPU fast-path op was submitted (mu_): the progress thread stays on the doorbell
   std::thread progress_;
 };

@@ -331,6 +331,7 @@ void ClientImpl::progress_thread() {
       // see them finish before their wake comes.
       const bool copies_due =
           std::any_of(outbox_.begin(), outbox_.end(), [](const Staged& s) { return s.ticket != 0; });
+      progress_on_bell_ = !idle;
       lk.unlock();
       run(callbacks);
       if (t_client_destroyed_here) return;
@@ -345,6 +346,7 @@ void ClientImpl::progress_thread() {
                             [] { return false; });
       }
       lk.lock();
+      progress_on_bell_ = false;
     }
     check_liveness_locked(callbacks);
     if (!callbacks.callbacks.empty() || !callbacks.released.empty()) {

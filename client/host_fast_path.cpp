@@ -334,7 +334,7 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
   fast_.erase(kept, fast_.end());
   fast_count_.store(fast_.size(), std::memory_order_relaxed);
   // Another thread of this process may sleep waiting for one of them.
-  if (finished) slot_.client_bell.ring();
+  if (finished && (waiters_ > 0 || progress_on_bell_)) slot_.client_bell.ring();
 }
 
 bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
