@@ -1,9 +1,12 @@
 // ClientImpl: what the daemon answers (completions, copies out), failures (a dead daemon, a
 // failed job), and the threads that drive progress: callers in wait_for() and the progress
 // thread. OpState, the Work the caller holds, is here too.
+#include <time.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <type_traits>
 #include <utility>
 
 #include "client/client_impl.hpp"
@@ -370,7 +373,13 @@ static_assert(sizeof(OpState) <= 1016, "an OpState no longer fits glibc's per-th
 OpState::OpState(std::shared_ptr<ClientImpl> client, OpPlan&& plan, std::chrono::milliseconds timeout)
     : client_(std::move(client)), plan_(std::move(plan)) {
   if (!plan_.unchunked && plan_.block > 0) nchunks_ = (plan_.block + plan_.chunk - 1) / plan_.chunk;
-  deadline_ = Clock::now() + timeout + kBackstop;
+  // The coarse clock (a few ms behind, no TSC read): a deadline seconds away does not need
+  // the precise one, and every small op pays for the read.
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  static_assert(std::is_same_v<Clock, std::chrono::steady_clock>, "steady_clock is CLOCK_MONOTONIC on Linux");
+  deadline_ = Clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)) + timeout +
+              kBackstop;
   if (!plan_.device) {
     // Blocks of `block` elements, `user_stride` apart (plan() makes both the count).
     const std::uint64_t e = ipc::dtype_size(plan_.base.dtype);
