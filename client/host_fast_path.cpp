@@ -211,7 +211,8 @@ bool ClientImpl::read_fast_locked(OpState& op) {
   for (std::size_t m = 0; m < slots.size(); ++m) cells[m] = &segment_.fast_cell(slots[m], p.fast_lane, p.fast_k);
   const auto members = std::span<ipc::FastCell* const>(cells.data(), slots.size());
   const auto& mine = *cells[static_cast<std::size_t>(p.group_rank)];
-  if (!std::all_of(members.begin(), members.end(), [&](const ipc::FastCell* c) { return host_fast::same_call(mine, *c); }))
+  if (!std::all_of(members.begin(), members.end(),
+                   [&](const ipc::FastCell* c) { return c == &mine || host_fast::same_call(mine, *c); }))
     return false;
   if (!p.fast_single_copy) {
     host_fast::read_output(members, {}, p.group_rank, p.out);

@@ -170,6 +170,7 @@ void ClientImpl::free_after_locked(const std::shared_ptr<StagingCopier>& copier,
 }
 
 void ClientImpl::reap_draining_locked() {
+  if (draining_.empty()) return;  // as on every host fast-path op
   std::erase_if(draining_, [&](const Draining& d) {
     if (!d.copier->passed(d.lane, d.ticket)) return false;
     if (d.offset != kNoRegion) alloc_.free(d.offset);
