@@ -65,6 +65,7 @@ AttachOptions AttachOptions::from_env() {
 std::shared_ptr<Client> Client::attach(const AttachOptions& opts) {
   try {
     ipc::check_job_id(opts.job_id);
+    copy_threads_from(std::getenv(kCopyThreadsEnv), opts.local_world_size, 1);  // a bad value fails now, not on retry
   } catch (const std::exception& e) {
     throw Error(Status::InvalidRequest, e.what());
   }
@@ -121,6 +122,7 @@ ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
       num_nodes_(segment.header().num_nodes),
       daemon_pid_(segment.header().daemon_pid),
       yield_between_polls_(ipc::yield_between_polls(o.local_world_size + 1)),
+      copy_threads_(copy_threads_from(std::getenv(kCopyThreadsEnv), o.local_world_size, ipc::usable_cores())),
       segment_(std::move(segment)),
       slot_(segment_.slot(std::clamp(o.local_rank, 0, ipc::kMaxLocalRanks - 1))),
       chunk_bytes_(segment_.header().chunk_bytes),

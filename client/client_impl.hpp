@@ -16,6 +16,7 @@
 
 #include "client/arena_allocator.hpp"
 #include "client/client.hpp"
+#include "client/copy_pool.hpp"
 #include "ipc/segment.hpp"
 
 namespace smddp::client {
@@ -267,6 +268,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // Give the core away between polls while spinning: the node's ranks and its daemon
   // outnumber the cores (ipc::yield_between_polls).
   bool yield_between_polls_;
+  // Threads this rank copies large single-copy reads with (client::copy_threads); the helpers
+  // start with the first such read.
+  int copy_threads_;
+  std::unique_ptr<CopyPool> copy_pool_;
   ipc::Segment segment_;
   ipc::RankSlot& slot_;
   std::span<std::byte> arena_;

@@ -7,6 +7,7 @@ add_library(smddp_client
   ${CMAKE_CURRENT_LIST_DIR}/arena_reads.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arena_shares.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_fast.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/copy_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_fast_path.cpp
   ${CMAKE_CURRENT_LIST_DIR}/arena_allocator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/orphan_watch.cpp)

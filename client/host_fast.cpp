@@ -1,8 +1,10 @@
 #include "client/host_fast.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include "ipc/cross_memory.hpp"
 #include "kernels/host/host_reduce.hpp"
@@ -209,7 +211,7 @@ void copy_output(const FastCell& call, std::size_t n, int me, std::byte* out, Co
 
 }  // namespace
 
-void read_output(std::span<FastCell* const> cells, std::span<const int> pids, int me, std::byte* out) {
+void read_output(std::span<FastCell* const> cells, std::span<const int> pids, int me, std::byte* out, CopyPool* pool) {
   const FastCell& call = *cells[static_cast<std::size_t>(me)];
   switch (call.op) {
     case OpType::Barrier: return;
@@ -230,17 +232,56 @@ void read_output(std::span<FastCell* const> cells, std::span<const int> pids, in
       throw std::logic_error(std::string("the host fast path does not run ") + std::string(ipc::to_string(call.op)));
     default: break;
   }
-  copy_output(call, cells.size(), me, out, [&](std::size_t m, std::uint64_t offset, std::byte* dst, std::uint64_t bytes) {
+  const auto own_source = [&](const FastCell& c, std::uint64_t offset) {
+    return reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(c.address)) + offset;
+  };
+  const auto copy = [&](std::size_t m, std::uint64_t offset, std::byte* dst, std::uint64_t bytes) {
     const FastCell& c = *cells[m];
     if (!c.by_address) {
       std::memcpy(dst, Segment::fast_input(const_cast<FastCell&>(c)) + offset, bytes);
     } else if (m == static_cast<std::size_t>(me)) {
       // Its own input, in this process (an in-place all-gather's is already where it goes).
-      const auto* src = reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(c.address)) + offset;
+      const auto* src = own_source(c, offset);
       if (src != dst) std::memmove(dst, src, bytes);
     } else {
       if (m >= pids.size()) throw std::logic_error("the host fast path lacks a member's pid");
       ipc::read_peer(pids[m], c.address + offset, dst, bytes);
+    }
+  };
+  if (!pool || pool->threads() < 2 || !call.by_address) return copy_output(call, cells.size(), me, out, copy);
+  // Single copy with threads to spare: the copies, cut into equal parts of whole pages.
+  struct Piece {
+    std::size_t m;
+    std::uint64_t offset;
+    std::byte* dst;
+    std::uint64_t bytes;
+  };
+  std::vector<Piece> pieces;
+  std::uint64_t total = 0;
+  bool overlaps = false;  // its own block moves within memory it overlaps: one memmove keeps it right
+  copy_output(call, cells.size(), me, out, [&](std::size_t m, std::uint64_t offset, std::byte* dst, std::uint64_t bytes) {
+    pieces.push_back({m, offset, dst, bytes});
+    total += bytes;
+    if (m == static_cast<std::size_t>(me) && cells[m]->by_address) {
+      const auto* src = own_source(*cells[m], offset);
+      overlaps = overlaps || (src != dst && src < dst + bytes && dst < src + bytes);
+    }
+  });
+  const auto parts = static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(pool->threads()), total / kMinCopyPart));
+  if (parts < 2 || overlaps) {
+    for (const Piece& p : pieces) copy(p.m, p.offset, p.dst, p.bytes);
+    return;
+  }
+  constexpr std::uint64_t page = 4096;
+  pool->run(parts, [&](int j) {
+    const std::uint64_t begin = total * static_cast<std::uint64_t>(j) / static_cast<std::uint64_t>(parts) / page * page;
+    const std::uint64_t end =
+        j + 1 == parts ? total : total * static_cast<std::uint64_t>(j + 1) / static_cast<std::uint64_t>(parts) / page * page;
+    std::uint64_t at = 0;  // where the piece starts among all the bytes
+    for (const Piece& p : pieces) {
+      const std::uint64_t lo = std::max(begin, at), hi = std::min(end, at + p.bytes);
+      if (lo < hi) copy(p.m, p.offset + (lo - at), p.dst + (lo - at), hi - lo);
+      at += p.bytes;
     }
   });
 }

@@ -220,8 +220,10 @@ bool ClientImpl::read_fast_locked(OpState& op) {
   }
   std::array<int, ipc::kMaxLocalRanks> pids{};
   for (std::size_t m = 0; m < slots.size(); ++m) pids[m] = segment_.slot(slots[m]).pid;
+  if (!copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_);
   try {
-    host_fast::read_output(members, std::span<const int>(pids.data(), slots.size()), p.group_rank, p.out);
+    host_fast::read_output(members, std::span<const int>(pids.data(), slots.size()), p.group_rank, p.out,
+                           copy_pool_.get());
   } catch (const std::runtime_error& e) {
     // A member that ended meanwhile is the failure (the job's error follows), not the mechanism.
     for (std::size_t m = 0; m < slots.size(); ++m)

@@ -62,6 +62,26 @@ def test_every_collective_on_both_sides_of_the_single_copy_boundary(job, nproc):
     assert "while others wait for it" not in r.stdout, r.stdout[-4000:]
 
 
+def test_single_copy_reads_split_over_helper_threads(job):
+    # SMDDP_COPY_THREADS=3: each rank splits a single-copy read of at least 2 MiB over itself and
+    # two helpers (client/copy_pool.hpp); 12 MiB + 20 bytes of float32 and 3 MiB + 5 of int8 a
+    # rank cut the parts across the members' blocks and within pages.
+    r = job.run(2, "collective_check", "--sizes", str((3 << 20) + 5), "--dtypes", "float32,int8",
+                extra=["-x", "SMDDP_COPY_THREADS=3"])
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 2)
+    if "host collectives by single copy are off" in r.stdout:
+        pytest.skip("this system refuses process_vm_readv: " + r.stdout.split("single copy are off: ")[1][:200])
+    _, _, single = fast_path_counts(r.stdout)
+    assert single > 0, r.stdout[-4000:]
+
+
+def test_a_bad_copy_threads_value_is_named(job):
+    r = job.run(2, "collective_check", "--sizes", "7", extra=["-x", "SMDDP_COPY_THREADS=lots"])
+    assert r.returncode != 0
+    assert "SMDDP_COPY_THREADS=lots" in r.stdout, r.stdout[-4000:]
+
+
 def test_every_collective_64_mib(job):
     # A float type, a half type (float32 accumulation) and an integer type: each takes its own
     # reduction loop. The small sizes above run all nine; all nine at 64 MiB are the long run's.

@@ -1,0 +1,96 @@
+#include "client/copy_pool.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace smddp::client {
+
+int copy_threads(int local_ranks, int cores) {
+  if (local_ranks < 1) return 1;
+  const int spare = cores - local_ranks - 1;
+  if (spare <= 0) return 1;
+  return std::min(4, 1 + spare / local_ranks);
+}
+
+int copy_threads_from(const char* env, int local_ranks, int cores) {
+  if (!env || !*env) return copy_threads(local_ranks, cores);
+  const std::string_view v(env);
+  int n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc{} || end != v.data() + v.size() || n < 1 || n > 8)
+    throw std::invalid_argument(std::string(kCopyThreadsEnv) + "=" + std::string(v) +
+                                ": expected the threads a rank copies large host collectives with, 1 to 8 (1: none "
+                                "beside the caller)");
+  return n;
+}
+
+CopyPool::CopyPool(int threads) : threads_(std::max(1, threads)) {
+  for (int j = 1; j < threads_; ++j) helpers_.emplace_back([this] { helper(); });
+}
+
+CopyPool::~CopyPool() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  work_.notify_all();
+  helpers_.clear();  // joins
+}
+
+void CopyPool::guarded(int j) {
+  try {
+    (*part_)(j);
+  } catch (...) {
+    std::lock_guard lk(mu_);
+    if (!first_) first_ = std::current_exception();
+  }
+}
+
+void CopyPool::helper() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    work_.wait(lk, [&] { return stop_ || next_ < parts_; });
+    if (stop_) return;
+    const int j = next_++;
+    ++running_;
+    lk.unlock();
+    guarded(j);
+    lk.lock();
+    if (--running_ == 0 && next_ >= parts_) done_.notify_one();
+  }
+}
+
+void CopyPool::run(int parts, const std::function<void(int)>& part) {
+  if (parts > threads_) throw std::logic_error("CopyPool::run: more parts than threads");
+  if (parts <= 0) return;
+  std::lock_guard batch(run_mu_);
+  {
+    std::lock_guard lk(mu_);
+    part_ = &part;
+    first_ = nullptr;
+    parts_ = parts;
+    next_ = 1;  // part 0 is the caller's
+  }
+  if (parts > 1) work_.notify_all();
+  guarded(0);
+  std::unique_lock lk(mu_);
+  // Parts no helper took yet are the caller's too: it never waits on a helper that is late.
+  while (next_ < parts_) {
+    const int j = next_++;
+    lk.unlock();
+    guarded(j);
+    lk.lock();
+  }
+  done_.wait(lk, [&] { return running_ == 0; });
+  parts_ = next_ = 0;
+  part_ = nullptr;
+  if (first_) std::rethrow_exception(std::exchange(first_, nullptr));
+}
+
+}  // namespace smddp::client

@@ -1,0 +1,54 @@
+// CopyPool: a rank's large single-copy reads (client/host_fast.hpp) split over helper threads,
+// where the node has cores to spare. One core copies about 10 GB/s, far less than a server's
+// memory delivers, and the ranks of a GPU node leave most of its cores idle.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace smddp::client {
+
+// Threads a rank copies with (itself included): one, plus its share of the cores that the
+// node's ranks and its daemon leave (`cores` - `local_ranks` - 1), at most 4. 1 where they
+// share cores, so that an oversubscribed node runs nothing more.
+int copy_threads(int local_ranks, int cores);
+inline constexpr const char* kCopyThreadsEnv = "SMDDP_COPY_THREADS";
+// The threads a rank copies with: `env` (the value of SMDDP_COPY_THREADS; null or empty: unset)
+// when set, else copy_threads. Throws std::invalid_argument naming the variable unless it is a
+// whole number from 1 to 8.
+int copy_threads_from(const char* env, int local_ranks, int cores);
+
+// One batch of parts at a time, the caller taking part 0 and waiting for the rest: not
+// Boost.Asio's thread_pool, whose fences ThreadSanitizer cannot follow.
+class CopyPool {
+ public:
+  explicit CopyPool(int threads);  // threads >= 2: threads - 1 helpers, the caller is the other
+  ~CopyPool();
+  CopyPool(const CopyPool&) = delete;
+  CopyPool& operator=(const CopyPool&) = delete;
+
+  int threads() const { return threads_; }
+  // Runs part(0) .. part(parts - 1), parts <= threads(), part(0) on the calling thread, and
+  // returns once all of them did. The first exception of any part is rethrown here.
+  void run(int parts, const std::function<void(int)>& part);
+
+ private:
+  void helper();
+  void guarded(int j);
+
+  const int threads_;
+  std::mutex run_mu_;  // one batch at a time
+  std::mutex mu_;
+  std::condition_variable work_, done_;
+  const std::function<void(int)>* part_ = nullptr;  // the batch's parts, while one runs
+  int parts_ = 0, next_ = 0, running_ = 0;          // next_: the next part a helper takes
+  std::exception_ptr first_;
+  bool stop_ = false;
+  std::vector<std::jthread> helpers_;  // last: they start once the rest is there
+};
+
+}  // namespace smddp::client
