@@ -121,7 +121,7 @@ ClientImpl::ClientImpl(const AttachOptions& o, ipc::Segment segment)
       node_id_(o.node_id),
       num_nodes_(segment.header().num_nodes),
       daemon_pid_(segment.header().daemon_pid),
-      yield_between_polls_(ipc::yield_between_polls(o.local_world_size + 1)),
+      yield_between_polls_(o.yield_between_polls.value_or(ipc::yield_between_polls(o.local_world_size + 1))),
       copy_threads_(copy_threads_from(std::getenv(kCopyThreadsEnv), o.local_world_size, ipc::usable_cores())),
       segment_(std::move(segment)),
       slot_(segment_.slot(std::clamp(o.local_rank, 0, ipc::kMaxLocalRanks - 1))),

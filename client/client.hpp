@@ -60,6 +60,9 @@ struct AttachOptions {
   int local_world_size = -1;
   std::string device_bus_id;  // PCI bus id of the rank's GPU, "" for CPU-only ranks
   std::chrono::milliseconds attach_timeout{30000};
+  // Whether a spinning thread yields its core between polls; unset: when the node's ranks and
+  // daemon outnumber the cores (ipc::yield_between_polls). Tests set it to run either wait.
+  std::optional<bool> yield_between_polls;
   // Reads SMDDP_JOB_ID, SMDDP_NODE_ID, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE.
   // Throws Error(InvalidRequest) naming the first one missing or malformed.
   static AttachOptions from_env();

@@ -223,10 +223,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void submit_queued_locked(Deferred& callbacks);  // what may go to the daemon now
   // Blocks until `op` is done or `until`; returns whether it is done.
   bool wait_for(OpState& op, std::chrono::steady_clock::time_point until);
-  // A published host fast-path op, not by single copy (host_fast_path.cpp): spins on the
-  // members' cells without the lock for up to kSpin, then finishes it in one locked pass.
-  // Returns whether it is done; `status` and `error` are then its outcome (`error` only when
-  // not Ok). false: wait_for drives it.
+  // A published host fast-path op, not by single copy, where the ranks have cores of their own
+  // (host_fast_path.cpp): spins on the members' cells without the lock for up to kSpin, then
+  // finishes it in one locked pass. Returns whether it is done; `status` and `error` are then
+  // its outcome (`error` only when not Ok). false: wait_for drives it.
   bool wait_fast(OpState& op, Status& status, std::string& error);
   std::mutex& mutex() { return mu_; }
   void wake_progress() { work_cv_.notify_one(); }

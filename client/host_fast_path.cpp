@@ -15,8 +15,6 @@
 // (process_vm_readv), and it returns only once every member's fast_done reached k: until then its
 // input is being read. A reader that finds the owner gave up at k after reading fails too: the
 // owner may have returned, and its caller written over the input, during the read.
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -341,6 +339,9 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
 }
 
 bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
+  // Where the ranks share cores (they yield between polls) the general wait measured faster: 2.1
+  // against 1.9 us an 8 B all-reduce of 2 ranks on 2 vCPUs.
+  if (yield_between_polls_) return false;
   const OpPlan& p = op.plan_;
   const int lane = p.fast_lane;
   const std::uint64_t k = p.fast_k;
@@ -363,7 +364,6 @@ bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
       if (polls == 8) spin_end = now + kSpin;
       else if (now >= spin_end) return false;
     }
-    if (yield_between_polls_) ::sched_yield();
   }
   Deferred callbacks;
   bool finished = false, hand_over = false;

@@ -41,13 +41,23 @@ namespace ipc = smddp::ipc;
 
 constexpr std::uint64_t kCell = 4096;
 
+// How the ranks' threads spin: as the machine decides (yielding where the ranks outnumber the
+// cores, as on 2 cores), or each on a core of its own (a waiting caller of a fast op then polls
+// the cells itself, ClientImpl::wait_fast).
+enum class Spin { Machine, CoreEach };
+
 struct Job {
   explicit Job(int n, std::uint64_t cell = kCell, std::uint64_t read = 1ull << 20, std::uint64_t reduce = 1ull << 20,
-               bool reduce_shrinks = false, std::uint64_t single_copy = 0)
+               bool reduce_shrinks = false, std::uint64_t single_copy = 0, Spin spin = Spin::Machine)
       : job(unique_job("fast")), daemon(spec(job, n, cell, read, reduce, reduce_shrinks, single_copy)) {
     daemon.start();
-    for (int r = 0; r < n; ++r) ranks.push_back(Client::attach(attach_options(job, r, n, n)));
+    for (int r = 0; r < n; ++r) {
+      auto o = attach_options(job, r, n, n);
+      if (spin == Spin::CoreEach) o.yield_between_polls = false;
+      ranks.push_back(Client::attach(o));
+    }
   }
+  Job(int n, Spin spin) : Job(n, kCell, 1ull << 20, 1ull << 20, false, 0, spin) {}
   static ipc::SegmentSpec spec(const std::string& job, int n, std::uint64_t cell, std::uint64_t read,
                                std::uint64_t reduce, bool reduce_shrinks, std::uint64_t single_copy) {
     auto s = small_spec(job, n, n);
@@ -85,8 +95,8 @@ std::vector<float> iota(std::size_t n, float from) {
   return v;
 }
 
-TEST(HostFast, EveryCollectiveOfTwoRanksComputesTheRightOutput) {
-  Job j(2);
+void every_collective_of_two_ranks(Spin spin) {
+  Job j(2, spin);
   constexpr std::uint64_t n = 5;
   j.each([&](int r) {
     auto w = j.ranks[static_cast<std::size_t>(r)]->world();
@@ -134,6 +144,12 @@ TEST(HostFast, EveryCollectiveOfTwoRanksComputesTheRightOutput) {
   j.daemon.settle();
   EXPECT_EQ(j.fast_requests(), 20u);  // ten collectives on each rank, every one fast
   EXPECT_EQ(j.daemon.requests().size(), 20u);
+}
+
+TEST(HostFast, EveryCollectiveOfTwoRanksComputesTheRightOutput) { every_collective_of_two_ranks(Spin::Machine); }
+
+TEST(HostFast, EveryCollectiveOfTwoRanksWithACoreEachComputesTheRightOutput) {
+  every_collective_of_two_ranks(Spin::CoreEach);
 }
 
 // A sum of a few elements skips the kernels' dispatch: the same results, integers wrapping as
@@ -382,8 +398,8 @@ TEST(HostFast, AnOpNumberedOnALaneThisRankGaveUpFailsAtOnce) {
   j.daemon.release_held();
 }
 
-TEST(HostFast, AMemberThatGaveUpItsLaneEndsTheOthersWait) {
-  Job j(2);
+void a_member_that_gave_up_ends_the_others_wait(Spin spin) {
+  Job j(2, spin);
   j.daemon.set_policy([](const ipc::RequestDesc&, std::size_t) { return Answer{Answer::Hold}; });
   // Rank 0's fast op #1 failed before it published its cell (as after a timeout).
   j.daemon.segment().slot(0).fast_done[0].given_up.store(1);
@@ -399,6 +415,12 @@ TEST(HostFast, AMemberThatGaveUpItsLaneEndsTheOthersWait) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   j.daemon.release_held();
+}
+
+TEST(HostFast, AMemberThatGaveUpItsLaneEndsTheOthersWait) { a_member_that_gave_up_ends_the_others_wait(Spin::Machine); }
+
+TEST(HostFast, AMemberThatGaveUpItsLaneEndsTheOthersWaitWithACoreEach) {
+  a_member_that_gave_up_ends_the_others_wait(Spin::CoreEach);
 }
 
 TEST(HostFast, MembersThatDisagreeWaitForTheDaemonsVerdict) {
@@ -421,8 +443,8 @@ TEST(HostFast, MembersThatDisagreeWaitForTheDaemonsVerdict) {
   });
 }
 
-TEST(HostFast, TheJobsFailureEndsAWaitForAPeerThatNeverCame) {
-  Job j(2);
+void the_jobs_failure_ends_a_wait_for_a_peer_that_never_came(Spin spin) {
+  Job j(2, spin);
   auto w = j.ranks[0]->world();
   float x = 1, y = 0;
   auto work = w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum);
@@ -441,6 +463,14 @@ TEST(HostFast, TheJobsFailureEndsAWaitForAPeerThatNeverCame) {
     EXPECT_EQ(std::string(e.what()), why);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+TEST(HostFast, TheJobsFailureEndsAWaitForAPeerThatNeverCame) {
+  the_jobs_failure_ends_a_wait_for_a_peer_that_never_came(Spin::Machine);
+}
+
+TEST(HostFast, TheJobsFailureEndsAWaitForAPeerThatNeverCameWithACoreEach) {
+  the_jobs_failure_ends_a_wait_for_a_peer_that_never_came(Spin::CoreEach);
 }
 
 TEST(HostFast, AnOpWhoseCellsAreAllThereCompletesAfterTheJobFailed) {
