@@ -255,6 +255,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
     std::uint64_t at = 0;   // SelfGaveUp, PeerGaveUp: the number the lane was given up at
   };
   FastLook look_fast_locked(const OpState& op) const;
+  // The first member (its slot) whose cell of the op's number is not published yet; -1: all are.
+  int missing_cell(const OpPlan& p) const;
+  // Work the progress thread must drive when no caller waits (mu_).
+  bool left_to_drive_locked() const { return active_ > 0 || fast_seen_ || !outbox_.empty(); }
   void publish_fast_locked(const std::shared_ptr<OpState>& op);  // writes its cell, posts its request
   bool read_fast_locked(OpState& op);  // false: the members' cells hold different calls
   // For waiting threads: whether a fast op can move now (takes the lock only if free).

@@ -237,7 +237,7 @@ bool ClientImpl::wait_for(OpState& op, Clock::time_point until) {
         --c.waiters_;
         // The progress thread takes over only what is left to drive: waking it for nothing
         // cost a system call and a context switch per synchronous op.
-        hand_over = c.waiters_ == 0 && (c.active_ > 0 || c.fast_seen_ || !c.outbox_.empty());
+        hand_over = c.waiters_ == 0 && c.left_to_drive_locked();
       }
       if (hand_over) c.work_cv_.notify_one();
     }
@@ -311,7 +311,7 @@ void ClientImpl::progress_thread() {
     // one does not have to wake it.
     // Requests left in the outbox (the daemon's ring was full) must reach it even if this rank
     // calls nothing more for a while: the other members' requests wait for them in its matcher.
-    const auto runnable = [&] { return stop_ || (waiters_ == 0 && (active_ > 0 || fast_seen_ || !outbox_.empty())); };
+    const auto runnable = [&] { return stop_ || (waiters_ == 0 && left_to_drive_locked()); };
     const auto watching = [&] { return failure_handler_ && !failure_reported_; };
     bool woken = true;
     if (watching() || dead_.empty()) {
@@ -329,7 +329,7 @@ void ClientImpl::progress_thread() {
     if (woken) {
       const auto wakes = waker_->count.load(std::memory_order_acquire);
       progress_locked(callbacks);
-      const bool idle = active_ == 0 && !fast_seen_ && outbox_.empty();
+      const bool idle = !left_to_drive_locked();
       // Chunks wait for their copies in: spin a little first, as a waiting user thread does, to
       // see them finish before their wake comes.
       const bool copies_due =

@@ -122,9 +122,14 @@ ClientImpl::FastLook ClientImpl::look_fast_locked(const OpState& op) const {
   }
   // Read in order: this rank finished every earlier op of the lane.
   if (slot_.fast_done[lane].k.load(std::memory_order_relaxed) != k - 1) return {FastLook::Wait};
-  for (int s : p.comm_state->fast_slots)
-    if (segment_.fast_cell(s, lane, k).tag.load(std::memory_order_acquire) != k) return blocked_by(s, k);
+  if (const int s = missing_cell(p); s >= 0) return blocked_by(s, k);
   return {FastLook::Read};
+}
+
+int ClientImpl::missing_cell(const OpPlan& p) const {
+  for (int s : p.comm_state->fast_slots)
+    if (segment_.fast_cell(s, p.fast_lane, p.fast_k).tag.load(std::memory_order_acquire) != p.fast_k) return s;
+  return -1;
 }
 
 void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
@@ -348,23 +353,9 @@ bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
   // Its own cell carries k once it is published (it held k - 2 before): an op still waiting to
   // publish is the general wait's.
   if (segment_.fast_cell(local_rank_, lane, k).tag.load(std::memory_order_acquire) != k) return false;
-  const auto& slots = p.comm_state->fast_slots;
-  const auto cells_there = [&] {
-    for (int s : slots)
-      if (segment_.fast_cell(s, lane, k).tag.load(std::memory_order_acquire) != k) return false;
-    return true;
-  };
   // A member that gave up, a failed job or a timeout never fills the cells: after kSpin the
   // general wait, which looks for all of them, takes over.
-  Clock::time_point spin_end{};
-  for (unsigned polls = 1; !op.done() && !cells_there(); ++polls) {
-    ipc::cpu_relax();
-    if (polls % 8 == 0) {  // the clock costs about a poll
-      const auto now = Clock::now();
-      if (polls == 8) spin_end = now + kSpin;
-      else if (now >= spin_end) return false;
-    }
-  }
+  if (!ipc::spin_for([&] { return op.done() || missing_cell(p) < 0; }, kSpin, false)) return false;
   Deferred callbacks;
   bool finished = false, hand_over = false;
   {
@@ -375,7 +366,7 @@ bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
       status = op.status_;
       if (status != Status::Ok) error = op.error_;
       // As wait_for's end: what is left for the progress thread to drive.
-      hand_over = waiters_ == 0 && (active_ > 0 || fast_seen_ || !outbox_.empty());
+      hand_over = waiters_ == 0 && left_to_drive_locked();
     }
   }
   if (hand_over) work_cv_.notify_one();

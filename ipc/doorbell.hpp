@@ -34,6 +34,11 @@ int usable_cores() noexcept;
 // (mpi_yield_when_idle follows oversubscription).
 bool yield_between_polls(int spinners) noexcept;
 
+// Polls `ready()` for about `spin`, yielding the core between polls when `yield`; returns
+// whether it became true. The clock is read only from the 8th poll on, every 8 polls.
+template <class Ready>
+bool spin_for(Ready&& ready, std::chrono::microseconds spin, bool yield);
+
 // Spin-then-sleep: polls `ready()` for about `spin` (yielding the core between polls when
 // `yield`, so an oversubscribed machine still makes progress), then sleeps on `bell` in slices
 // of `slice` until `ready()` or `deadline`. `on_slice()` runs after each sleep (liveness

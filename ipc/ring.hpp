@@ -23,12 +23,7 @@ class SpscRing {
 
   // Producer side. Returns false when full.
   bool try_push(const T& item) noexcept {
-    const std::uint64_t tail = tail_.load(std::memory_order_relaxed);
-    const std::uint64_t head = head_.load(std::memory_order_acquire);
-    if (tail - head >= Capacity) return false;
-    slots_[tail & (Capacity - 1)] = item;
-    tail_.store(tail + 1, std::memory_order_release);
-    return true;
+    return try_push_with([&](T& slot) { slot = item; });
   }
 
   // Producer side: `fill(T&)` writes the item in its slot (no copy of a large T on the way).
