@@ -10,6 +10,7 @@ SMDDP_TEST_PYTHON (default /usr/bin/python3).
 
 import glob
 import os
+import random
 import re
 import shutil
 import socket
@@ -74,9 +75,25 @@ MPIRUN_FLAGS = ("--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
 
 
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port below the kernel's ephemeral range. A port the kernel handed out (bind to
+    0) is free only until the next process asks for one: mpirun's out-of-band listener once took
+    the MASTER_PORT a test had picked, rank 0's store could not bind it, and the other ranks hung
+    talking to mpirun. Ports below the range are never handed out that way."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    low = max(low, 12000)
+    for _ in range(200):
+        port = random.randrange(10000, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in 10000-{low - 1} on 127.0.0.1")
 
 
 def pid_alive(pid):
