@@ -23,14 +23,14 @@ void Doorbell::ring() noexcept {
 }
 
 void Doorbell::wait(std::uint32_t ticket, std::chrono::microseconds timeout) noexcept {
-  sleepers_.fetch_add(1, std::memory_order_seq_cst);
-  if (seq_.load(std::memory_order_seq_cst) == ticket) {
-    timespec ts{};
-    ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000);
-    ts.tv_nsec = static_cast<long>((timeout.count() % 1000000) * 1000);
-    futex(&seq_, FUTEX_WAIT, ticket, &ts);
-  }
-  sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+  wait(ticket, timeout, [] { return false; });
+}
+
+void Doorbell::sleep(std::uint32_t ticket, std::chrono::microseconds timeout) noexcept {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000);
+  ts.tv_nsec = static_cast<long>((timeout.count() % 1000000) * 1000);
+  futex(&seq_, FUTEX_WAIT, ticket, &ts);
 }
 
 int usable_cores() noexcept {

@@ -17,8 +17,22 @@ class Doorbell {
   // Sleeps until ring() moves the ticket past `ticket` or `timeout` passes. Spurious
   // wake-ups are possible: callers re-check their condition.
   void wait(std::uint32_t ticket, std::chrono::microseconds timeout) noexcept;
+  // The same, but looks at `ready()` once more after counting itself a sleeper, and does not
+  // sleep if it holds. Its ringers may then skip the ring where nobody sleeps:
+  //   (writes that make ready() true); order_before_sleeper_checks();
+  //   if (bell.has_sleepers()) bell.ring();   // for each bell
+  // Either the ringer sees the sleeper, or the sleeper's last look sees the writes. A ring costs
+  // a locked add on a line every ringer of the bell takes; the order, one pass of the caller's
+  // store buffer for any number of bells.
+  template <class Ready>
+  void wait(std::uint32_t ticket, std::chrono::microseconds timeout, Ready&& ready);
+  static void order_before_sleeper_checks() noexcept;
+  // Under TSan, which refuses fences, always true: every bell is rung.
+  bool has_sleepers() const noexcept;
 
  private:
+  void sleep(std::uint32_t ticket, std::chrono::microseconds timeout) noexcept;  // the futex wait
+
   std::atomic<std::uint32_t> seq_{0};
   std::atomic<std::uint32_t> sleepers_{0};
 };

@@ -14,6 +14,32 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+inline void Doorbell::order_before_sleeper_checks() noexcept {
+#if !defined(__SANITIZE_THREAD__)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+
+inline bool Doorbell::has_sleepers() const noexcept {
+#if defined(__SANITIZE_THREAD__)
+  return true;
+#else
+  return sleepers_.load(std::memory_order_relaxed) != 0;
+#endif
+}
+
+template <class Ready>
+void Doorbell::wait(std::uint32_t ticket, std::chrono::microseconds timeout, Ready&& ready) {
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+#if !defined(__SANITIZE_THREAD__)
+  // Orders the count before the look at `ready()` (the ringer's order_before_sleeper_checks
+  // pairs with it). Under TSan, which refuses fences, every ringer rings (has_sleepers).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+  if (seq_.load(std::memory_order_seq_cst) == ticket && !ready()) sleep(ticket, timeout);
+  sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
 template <class Ready>
 bool spin_for(Ready&& ready, std::chrono::microseconds spin, bool yield) {
   using clock = std::chrono::steady_clock;
@@ -47,7 +73,7 @@ bool spin_then_wait(Doorbell& bell, Ready&& ready, std::chrono::steady_clock::ti
     const auto now = clock::now();
     if (now >= deadline) return false;
     const auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - now);
-    bell.wait(t, std::min(left, slice));
+    bell.wait(t, std::min(left, slice), ready);
     if (ready()) return true;
     if (!on_slice()) return false;
   }
