@@ -257,6 +257,8 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   FastLook look_fast_locked(const OpState& op) const;
   // The first member (its slot) whose cell of the op's number is not published yet; -1: all are.
   int missing_cell(const OpPlan& p) const;
+  // Whether the member in `slot` finished reading number k of `lane` (RankSlot::fast_done).
+  bool member_done(int slot, int lane, std::uint64_t k) const;
   // Work the progress thread must drive when no caller waits (mu_).
   bool left_to_drive_locked() const { return active_ > 0 || fast_seen_ || !outbox_.empty(); }
   void publish_fast_locked(const std::shared_ptr<OpState>& op);  // writes its cell, posts its request

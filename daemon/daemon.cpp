@@ -329,6 +329,8 @@ bool Daemon::poll_rings(Clock::time_point now) {
       }
       // The ranks' host fast path does not wait for its answer: no reason to spin for more.
       if (!(d.flags & ipc::kFlagHostFast)) did = true;
+      // Its buffer fields were not written: they hold what an earlier request left there.
+      else d.input = d.output = d.aux = ipc::BufferRef{};
       handle_request(s, d, now);
     }
   }

@@ -89,7 +89,9 @@ inline constexpr std::uint32_t kFlagHierarchical = 1u << 10;
 inline constexpr std::uint32_t kFlagRail = 1u << 11;
 // Host path, the ranks' fast path (small host collectives of a group within one node): the
 // ranks already exchanged the bytes through their fast cells (ipc/segment.hpp, FastCell) when
-// they post this, and do not wait for it. It carries no buffers; the daemon matches and checks
+// they post this, and do not wait for it. It carries no buffers: the rank writes only the fields
+// before `input` into its ring slot, and the daemon clears the three buffer fields it finds
+// there (what an earlier request left) before it looks at the request. The daemon matches and checks
 // it like any collective and counts it, and answers only when it fails (its error is the
 // members' error): an answer per operation would fill the completion ring of a rank that posts
 // many and then calls nothing for a while. wait_value is the lane's fast-op number, the same on

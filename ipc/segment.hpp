@@ -28,7 +28,7 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 13;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+inline constexpr std::uint32_t kLayoutVersion = 14;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
                                                      // 5: released allocations; 6: reads from the members' arenas;
                                                      // 7: hierarchical GPU operations, staged bytes;
                                                      // 8: the host fast path's cells; 9: shares reduced by the ranks;
@@ -36,6 +36,7 @@ inline constexpr std::uint32_t kLayoutVersion = 13;  // 3: completion kinds and 
                                                      // 11: its own limit for all-reduce and reduce;
                                                      // 12: that limit shrinking with the members;
                                                      // 13: single copy (FastCell::address)
+                                                     // 14: FastCell::done_then, a 32-bit FastCell::seq
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -57,7 +58,12 @@ struct FastCell {
   std::atomic<std::uint64_t> tag{0};  // the fast-op number whose input and signature are here
   // The call's signature, which the members compare before they read each other's bytes.
   std::uint64_t comm_id = 0;
-  std::uint64_t seq = 0;
+  std::uint32_t seq = 0;  // the low 32 bits of the call's sequence number
+  // The member's fast_done of the lane when it wrote the cell, low 32 bits: a lower bound of its
+  // fast_done now. The others read it with the cell, so that the check before their next
+  // publish (every member done with number k - 2) usually needs no look at the member's
+  // fast_done line, which it has just written (a cache miss per member per operation).
+  std::atomic<std::uint32_t> done_then{0};
   std::uint64_t count = 0;
   double scale = 1.0;
   std::int32_t root = 0;
@@ -72,6 +78,7 @@ struct FastCell {
   std::uint64_t address = 0;
   // The input follows (SegmentHeader::fast_cell_bytes at most), unless by_address.
 };
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(sizeof(FastCell) == 64);
 struct alignas(64) FastDone {
   std::atomic<std::uint64_t> k{0};  // the last fast-op number of the lane this rank finished reading
