@@ -62,22 +62,17 @@ std::shared_ptr<OpState> ClientImpl::submit_fast(OpPlan&& plan, std::chrono::mil
 }
 
 void ClientImpl::ring_members(const OpState& op) const {
-  const auto& slots = op.plan_.comm_state->fast_slots;
-  // Where the ranks share cores (they yield between polls) ringing every member measured faster
-  // (1.2 against 1.3-1.6 us an 8 B all-reduce of 2 ranks on 2 vCPUs; why is not known).
-  if (yield_between_polls_) {
-    for (int s : slots)
-      if (s != local_rank_) segment_.slot(s).client_bell.ring();
-    return;
-  }
-  // Elsewhere only members that sleep on their bell (or are about to) are rung: a ring of every
-  // bell cost a locked add on a line the other members' rings take too (95 ns an op with 2
-  // ranks, 400 with 4, in a probe of the exchange alone). This rank's writes come first.
-  ipc::Doorbell::order_before_sleeper_checks();
-  for (int s : slots) {
+  // Where the ranks have cores of their own only members that sleep on their bell (or are about
+  // to) are rung: a ring of every bell cost a locked add on a line the other members' rings take
+  // too (95 ns an op with 2 ranks, 400 with 4, in a probe of the exchange alone). Where they
+  // share cores (they yield between polls) ringing every member measured faster (1.2 against
+  // 1.3-1.6 us an 8 B all-reduce of 2 ranks on 2 vCPUs; why is not known).
+  const bool every = yield_between_polls_;
+  if (!every) ipc::Doorbell::order_before_sleeper_checks();  // this rank's writes come first
+  for (int s : op.plan_.comm_state->fast_slots) {
     if (s == local_rank_) continue;
     auto& bell = segment_.slot(s).client_bell;
-    if (bell.has_sleepers()) bell.ring();
+    if (every || bell.has_sleepers()) bell.ring();
   }
 }
 
@@ -386,16 +381,7 @@ bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
   if (segment_.fast_cell(local_rank_, lane, k).tag.load(std::memory_order_acquire) != k) return false;
   // A member that gave up, a failed job or a timeout never fills the cells: after kSpin the
   // general wait, which looks for all of them, takes over.
-  // The members' tags, looked up once: each poll then only loads them.
-  const auto& slots = p.comm_state->fast_slots;
-  std::array<const std::atomic<std::uint64_t>*, ipc::kMaxLocalRanks> tags{};
-  for (std::size_t m = 0; m < slots.size(); ++m) tags[m] = &segment_.fast_cell(slots[m], lane, k).tag;
-  const auto all_there = [&] {
-    for (std::size_t m = 0; m < slots.size(); ++m)
-      if (tags[m]->load(std::memory_order_acquire) != k) return false;
-    return true;
-  };
-  if (!ipc::spin_for([&] { return all_there() || op.done(); }, kSpin, false)) return false;
+  if (!ipc::spin_for([&] { return op.done() || missing_cell(p) < 0; }, kSpin, false)) return false;
   Deferred callbacks;
   bool finished = false, hand_over = false;
   {
