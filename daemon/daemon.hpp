@@ -112,6 +112,8 @@ class Daemon {
   void on_rank_exit(const RankExit& ex);
   void fail_job(const std::string& error, int exit_code);
   bool any_request_waiting() const;
+  // A request ring at least half full: its rank posts on without ringing (the host fast path).
+  bool requests_backlogged() const;
   void update_status(Clock::time_point now);
   nlohmann::json snapshot() const;
   // --- GPU path ---
