@@ -232,36 +232,49 @@ void ClientImpl::run(Deferred& deferred) {
   deferred.released.clear();
 }
 
-std::shared_ptr<OpState> ClientImpl::submit(OpPlan&& plan, std::chrono::milliseconds timeout) {
-  auto op = std::make_shared<OpState>(shared_from_this(), std::move(plan), timeout);
-  if (op->stage_bytes(0) > alloc_.capacity())
-    throw Error(Status::InvalidRequest, std::string(ipc::to_string(op->plan_.base.op)) + " needs " +
-                                            std::to_string(op->stage_bytes(0)) +
-                                            " bytes of staging at once, more than the arena of " +
-                                            std::to_string(alloc_.capacity()) +
-                                            " bytes (raise daemon.arena_mib)");
-  if (op->plan_.copier) op->plan_.copier->set_wake([w = waker_] { w->wake(); });
+std::shared_ptr<OpState> ClientImpl::submit(std::shared_ptr<OpState>&& op, const std::shared_ptr<SeqState>& seq) {
+  op->planned();
   Deferred callbacks;
+  bool wake = true;
   {
     std::lock_guard lk(mu_);
     if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
     if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
-    if (!op->plan_.ordered_by_caller) note_order_locked(op);
-    if (is_p2p(op->plan_.base.op)) p2p_.push_back(op);
-    else queue_.push_back(op);
-    ++active_;
-    // A GPU fast-path op is already running: its caller must not pay for finishing earlier
-    // ops (their completions wait for a waiter or the progress thread).
-    if (op->plan_.base.flags & ipc::kFlagRankFast) {
-      fast_seen_ = true;
-      submit_queued_locked(callbacks);
+    if (seq && number_locked(op->plan_, seq)) {
+      // The progress thread is woken only for a fast op that could not publish at once (its
+      // lane's cells are still read, or it waits for an earlier op on its memory): the others'
+      // wait needs its cell even if nobody here waits. Otherwise a caller that waits drives it,
+      // and one that registers a callback wakes the thread then (OpState::on_complete): waking
+      // it for every op cost a system call on the critical path.
+      wake = !submit_fast_locked(op, callbacks);
     } else {
-      progress_locked(callbacks);
+      if (op->stage_bytes(0) > alloc_.capacity())
+        throw Error(Status::InvalidRequest, std::string(ipc::to_string(op->plan_.base.op)) + " needs " +
+                                                std::to_string(op->stage_bytes(0)) +
+                                                " bytes of staging at once, more than the arena of " +
+                                                std::to_string(alloc_.capacity()) + " bytes (raise daemon.arena_mib)");
+      if (op->plan_.copier) op->plan_.copier->set_wake([w = waker_] { w->wake(); });
+      submit_locked(op, callbacks);
     }
   }
-  work_cv_.notify_one();
+  if (wake) work_cv_.notify_one();
   run(callbacks);
-  return op;
+  return std::move(op);
+}
+
+void ClientImpl::submit_locked(const std::shared_ptr<OpState>& op, Deferred& callbacks) {
+  if (!op->plan_.ordered_by_caller) note_order_locked(op);
+  if (is_p2p(op->plan_.base.op)) p2p_.push_back(op);
+  else queue_.push_back(op);
+  ++active_;
+  // A GPU fast-path op is already running: its caller must not pay for finishing earlier
+  // ops (their completions wait for a waiter or the progress thread).
+  if (op->plan_.base.flags & ipc::kFlagRankFast) {
+    fast_seen_ = true;
+    submit_queued_locked(callbacks);
+  } else {
+    progress_locked(callbacks);
+  }
 }
 
 int ClientImpl::export_event(const std::array<std::uint8_t, 64>& handle) {

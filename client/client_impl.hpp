@@ -52,14 +52,15 @@ struct Deferred {
   boost::container::small_vector<std::shared_ptr<OpState>, 4> released;
 };
 
-// A communicator's operation numbering. The client keeps the world's, so a world()
-// handle dropped and fetched again goes on counting where the last one stopped.
+// A communicator's operation numbering, under the client's mutex (ClientImpl::number_locked):
+// ops then enter the client's queues in the order of their numbers, from any thread. The client
+// keeps the world's, so a world() handle dropped and fetched again goes on counting where the
+// last one stopped.
 struct SeqState {
-  std::mutex mu;
   std::uint64_t collectives = 0;
   std::map<int, std::uint64_t> sends, recvs;  // per peer
   // The host fast path (ipc::kFlagHostFast; host_fast_path.cpp): the communicator's lane (-1:
-  // none), its members' segment slots by group rank, and its fast ops numbered so far (under mu).
+  // none), its members' segment slots by group rank, and its fast ops numbered so far.
   int fast_lane = -1;
   std::vector<int> fast_slots;
   std::uint64_t fast_ops = 0;
@@ -67,8 +68,8 @@ struct SeqState {
   // through the daemon. Every member of a failed collective gets the error, so all of them turn
   // the path off together.
   std::atomic<bool> fast_off{false};
-  // The size rule's last answer (under mu; the node's limits do not change): a loop of like
-  // calls asks it once.
+  // The size rule's last answer (the node's limits do not change): a loop of like calls asks it
+  // once.
   struct FastRule {
     ipc::OpType op = ipc::OpType::Barrier;
     ipc::DType dtype = ipc::DType::Float32;
@@ -121,7 +122,10 @@ struct OpPlan {
 
 class OpState final : public Work, public std::enable_shared_from_this<OpState> {
  public:
-  OpState(std::shared_ptr<ClientImpl> client, OpPlan&& plan, std::chrono::milliseconds timeout);
+  // Its plan is filled in by the caller, then ClientImpl::submit takes it.
+  OpState(std::shared_ptr<ClientImpl> client, std::chrono::milliseconds timeout);
+  OpPlan& plan() { return plan_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
   bool test() override;
   void wait(std::chrono::milliseconds timeout) override;
@@ -136,11 +140,13 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
   friend class ClientImpl;
   std::atomic<std::uint64_t> daemon_value_{0};
   std::atomic<int> daemon_event_{-1};
+  void planned();  // derives the chunking and the memory spans from the plan (submit)
   std::uint64_t chunk_count(std::uint64_t k) const;
   std::uint64_t stage_bytes(std::uint64_t k) const;
 
   std::shared_ptr<ClientImpl> client_;
   OpPlan plan_;
+  std::chrono::milliseconds timeout_;
   std::chrono::steady_clock::time_point deadline_;
   std::uint64_t nchunks_ = 1;
   std::uint64_t next_ = 0;      // next chunk to submit
@@ -204,11 +210,9 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t copies) override;
   GpuWork gpu_work() const override;
 
-  // Queues an operation and submits what fits. Throws Error if the client is unusable.
-  std::shared_ptr<OpState> submit(OpPlan&& plan, std::chrono::milliseconds timeout);
-  // The host fast path (host_fast_path.cpp): runs a small collective of a group within this
-  // node through the members' fast cells; the daemon only hears of it.
-  std::shared_ptr<OpState> submit_fast(OpPlan&& plan, std::chrono::milliseconds timeout);
+  // Numbers an operation in its communicator's order (`seq`; null: it carries its number, as
+  // CommCreate's 0), queues it and submits what fits. Throws Error if the client is unusable.
+  std::shared_ptr<OpState> submit(std::shared_ptr<OpState>&& op, const std::shared_ptr<SeqState>& seq = nullptr);
   // Input bytes a fast cell holds (0: no host fast path on this node).
   std::uint64_t fast_cell_bytes() const { return segment_.header().fast_cell_bytes; }
   std::uint64_t fast_read_bytes() const { return segment_.header().fast_read_bytes; }
@@ -234,6 +238,8 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::uint64_t arena_bytes() const { return alloc_.capacity(); }
 
  private:
+  // Queues a numbered op that goes through the daemon and submits what fits.
+  void submit_locked(const std::shared_ptr<OpState>& op, Deferred& callbacks);
   bool submit_chunk_locked(OpState& op);
   bool submit_device_locked(OpState& op);
   void finish_locked(OpState& op, Deferred& callbacks);
@@ -241,6 +247,13 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // Checks the daemon: false (and every op failed) once it is gone or the job failed.
   bool check_liveness_locked(Deferred& callbacks);
   void progress_thread();
+  // Gives `p` its numbers in `seq`; true when it takes the host fast path (host_fast_path.cpp),
+  // decided from the call and the communicator alone, so that every member decides alike. Sets
+  // p.fast_single_copy when it takes it by single copy.
+  bool number_locked(OpPlan& p, const std::shared_ptr<SeqState>& seq);
+  // The host fast path: runs a small collective of a group within this node through the
+  // members' fast cells; the daemon only hears of it. Returns whether it published at once.
+  bool submit_fast_locked(const std::shared_ptr<OpState>& op, Deferred& callbacks);
   // The host fast path: publishes, reads and finishes what it can of the fast ops.
   void advance_fast_locked(Deferred& callbacks);
   // The daemon's answer to a host fast-path request (an error, or a test daemon's Ok): it fails

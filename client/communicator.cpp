@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "client/client_impl.hpp"
-#include "client/host_fast.hpp"
 
 namespace smddp::client {
 
@@ -49,18 +48,20 @@ class CommImpl final : public Communicator {
   std::chrono::milliseconds default_timeout() const override { return timeout_; }
   void set_default_timeout(std::chrono::milliseconds t) override { timeout_ = t.count() > 0 ? t : kDefaultTimeout; }
 
-  WorkPtr allreduce(const void* in, void* out, std::uint64_t count, DType t, ReduceOp op,
+  WorkPtr allreduce(const void* in, void* out, std::uint64_t count, DType t, ReduceOp rop,
                     const CallOptions& o) override {
-    auto p = plan(OpType::AllReduce, t, count, o);
-    p.base.reduce_op = op;
+    auto op = plan(OpType::AllReduce, t, count, o);
+    OpPlan& p = op->plan();
+    p.base.reduce_op = rop;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = p.out_blocks = 1;
     p.in_place_stage = true;
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
   WorkPtr broadcast(void* buf, std::uint64_t count, DType t, int root, const CallOptions& o) override {
-    auto p = plan(OpType::Broadcast, t, count, o);
+    auto op = plan(OpType::Broadcast, t, count, o);
+    OpPlan& p = op->plan();
     check_root(root);
     p.base.root = root;
     p.in = static_cast<const std::byte*>(buf);
@@ -71,45 +72,49 @@ class CommImpl final : public Communicator {
     } else {
       p.out_blocks = 1;
     }
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
-  WorkPtr reduce(const void* in, void* out, std::uint64_t count, DType t, ReduceOp op, int root,
+  WorkPtr reduce(const void* in, void* out, std::uint64_t count, DType t, ReduceOp rop, int root,
                  const CallOptions& o) override {
-    auto p = plan(OpType::Reduce, t, count, o);
+    auto op = plan(OpType::Reduce, t, count, o);
+    OpPlan& p = op->plan();
     check_root(root);
     p.base.root = root;
-    p.base.reduce_op = op;
+    p.base.reduce_op = rop;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = 1;
     p.out_blocks = rank_ == root ? 1 : 0;
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
   WorkPtr allgather(const void* in, void* out, std::uint64_t count, DType t, const CallOptions& o) override {
-    auto p = plan(OpType::AllGather, t, count, o);
+    auto op = plan(OpType::AllGather, t, count, o);
+    OpPlan& p = op->plan();
     if (o.sdp) p.base.flags |= ipc::kFlagSdp;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = 1;
     p.out_blocks = static_cast<std::uint64_t>(size());
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
-  WorkPtr reduce_scatter(const void* in, void* out, std::uint64_t count, DType t, ReduceOp op,
+  WorkPtr reduce_scatter(const void* in, void* out, std::uint64_t count, DType t, ReduceOp rop,
                          const CallOptions& o) override {
-    auto p = plan(OpType::ReduceScatter, t, count, o);
-    p.base.reduce_op = op;
+    auto op = plan(OpType::ReduceScatter, t, count, o);
+    OpPlan& p = op->plan();
+    p.base.reduce_op = rop;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = static_cast<std::uint64_t>(size());
     p.out_blocks = 1;
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
   WorkPtr alltoall(const void* in, void* out, std::uint64_t count, DType t, const CallOptions& o) override {
-    auto p = plan(OpType::AllToAll, t, count, o);
+    auto op = plan(OpType::AllToAll, t, count, o);
+    OpPlan& p = op->plan();
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = p.out_blocks = static_cast<std::uint64_t>(size());
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
   WorkPtr alltoallv(const void* in, const std::vector<std::uint64_t>& send, void* out,
                     const std::vector<std::uint64_t>& recv, DType t, const CallOptions& o) override {
@@ -120,7 +125,8 @@ class CommImpl final : public Communicator {
     for (auto v : send) total_send += v;
     for (auto v : recv) total_recv += v;
     // count stays 0: totals differ per rank by design; the daemon cross-checks the tables.
-    auto p = plan(OpType::AllToAll, t, 0, o);
+    auto op = plan(OpType::AllToAll, t, 0, o);
+    OpPlan& p = op->plan();
     p.unchunked = true;
     p.base.flags |= ipc::kFlagSplits;
     p.in = static_cast<const std::byte*>(in);
@@ -133,49 +139,54 @@ class CommImpl final : public Communicator {
     for (auto v : recv) table.push_back(static_cast<std::int64_t>(v));
     p.aux.resize(table.size() * sizeof(std::int64_t));
     std::memcpy(p.aux.data(), table.data(), p.aux.size());
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
   WorkPtr barrier(const CallOptions& o) override {
-    auto p = plan(OpType::Barrier, DType::UInt8, 0, o);
-    return go(std::move(p), o);
+    auto op = plan(OpType::Barrier, DType::UInt8, 0, o);
+    return go(std::move(op), o);
   }
   WorkPtr send(const void* buf, std::uint64_t count, DType t, int peer, int tag, const CallOptions& o) override {
-    auto p = plan_p2p(OpType::Send, t, count, peer, tag, o);
+    auto op = plan_p2p(OpType::Send, t, count, peer, tag, o);
+    OpPlan& p = op->plan();
     p.in = static_cast<const std::byte*>(buf);
     p.in_blocks = 1;
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
   WorkPtr recv(void* buf, std::uint64_t count, DType t, int peer, int tag, const CallOptions& o) override {
-    auto p = plan_p2p(OpType::Recv, t, count, peer, tag, o);
+    auto op = plan_p2p(OpType::Recv, t, count, peer, tag, o);
+    OpPlan& p = op->plan();
     p.out = static_cast<std::byte*>(buf);
     p.out_blocks = 1;
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
   WorkPtr gather(const void* in, void* out, std::uint64_t count, DType t, int root, const CallOptions& o) override {
-    auto p = plan(OpType::Gather, t, count, o);
+    auto op = plan(OpType::Gather, t, count, o);
+    OpPlan& p = op->plan();
     check_root(root);
     p.base.root = root;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = 1;
     p.out_blocks = rank_ == root ? static_cast<std::uint64_t>(size()) : 0;
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
   WorkPtr scatter(const void* in, void* out, std::uint64_t count, DType t, int root, const CallOptions& o) override {
-    auto p = plan(OpType::Scatter, t, count, o);
+    auto op = plan(OpType::Scatter, t, count, o);
+    OpPlan& p = op->plan();
     check_root(root);
     p.base.root = root;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = rank_ == root ? static_cast<std::uint64_t>(size()) : 0;
     p.out_blocks = 1;
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
 
   WorkPtr device_op(const DeviceCall& c, const CallOptions& o) override {
     const bool p2p = is_p2p(c.op);
     const bool splits = c.op == OpType::AllToAll && !c.splits.empty();
-    auto p = p2p ? plan_p2p(c.op, c.dtype, c.count, c.root, c.tag, o) : plan(c.op, c.dtype, splits ? 0 : c.count, o);
+    auto op = p2p ? plan_p2p(c.op, c.dtype, c.count, c.root, c.tag, o) : plan(c.op, c.dtype, splits ? 0 : c.count, o);
+    OpPlan& p = op->plan();
     if (c.op == OpType::Broadcast || c.op == OpType::Reduce || c.op == OpType::Gather || c.op == OpType::Scatter) {
       check_root(c.root);
       p.base.root = c.root;
@@ -224,12 +235,13 @@ class CommImpl final : public Communicator {
       p.aux.resize(table.size() * sizeof(std::int64_t));
       std::memcpy(p.aux.data(), table.data(), p.aux.size());
     }
-    return go(std::move(p), o);
+    return go(std::move(op), o);
   }
 
   // Used by create_communicator: the CommCreate request rides the same machinery.
   std::shared_ptr<OpState> create(std::uint64_t new_id, const std::vector<int>& members, std::chrono::milliseconds t) {
-    OpPlan p;
+    auto op = std::make_shared<OpState>(client_, t);
+    OpPlan& p = op->plan();
     p.base.op = OpType::CommCreate;
     p.base.comm_id = new_id;
     p.base.seq = 0;
@@ -243,7 +255,7 @@ class CommImpl final : public Communicator {
       const std::int32_t v = members[i];
       std::memcpy(p.aux.data() + i * sizeof v, &v, sizeof v);
     }
-    return client_->submit(std::move(p), t);
+    return client_->submit(std::move(op));
   }
 
  private:
@@ -253,10 +265,14 @@ class CommImpl final : public Communicator {
                   "root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size()));
   }
 
-  OpPlan plan(OpType op, DType t, std::uint64_t count, const CallOptions& o) {
+  // A new op of this communicator, its plan filled in with what every collective shares; the
+  // caller fills in the rest of it in place (the plan is about 500 bytes: moving it cost more
+  // than the rest of building it).
+  std::shared_ptr<OpState> plan(OpType type, DType t, std::uint64_t count, const CallOptions& o) {
     if (static_cast<int>(t) >= ipc::kDTypeCount) throw Error(Status::InvalidRequest, "unknown dtype");
-    OpPlan p;
-    p.base.op = op;
+    auto op = std::make_shared<OpState>(client_, o.timeout.count() > 0 ? o.timeout : timeout_);
+    OpPlan& p = op->plan();
+    p.base.op = type;
     p.base.dtype = t;
     p.base.comm_id = id_;
     p.base.count = count;
@@ -266,25 +282,27 @@ class CommImpl final : public Communicator {
     p.block = count;
     p.user_stride = count;
     const std::uint64_t e = ipc::dtype_size(t);
-    const std::uint64_t mult = stage_multiplier(op, static_cast<std::uint64_t>(size()));
+    const std::uint64_t mult = stage_multiplier(type, static_cast<std::uint64_t>(size()));
     const std::uint64_t budget = std::max<std::uint64_t>(
         64, std::min(client_->chunk_bytes(), client_->arena_bytes() / 4));
     p.chunk = mult ? std::max<std::uint64_t>(1, budget / (mult * e)) : 1;
     p.chunk = p.chunk > 64 ? p.chunk / 64 * 64 : p.chunk;
-    return p;
+    return op;
   }
 
-  OpPlan plan_p2p(OpType op, DType t, std::uint64_t count, int peer, int tag, const CallOptions& o) {
+  std::shared_ptr<OpState> plan_p2p(OpType type, DType t, std::uint64_t count, int peer, int tag, const CallOptions& o) {
     if (peer < 0 || peer >= size() || peer == rank_)
       throw Error(Status::InvalidRequest, "peer " + std::to_string(peer) + " is not another rank of this group of " +
                                               std::to_string(size()));
-    auto p = plan(op, t, count, o);
+    auto op = plan(type, t, count, o);
+    OpPlan& p = op->plan();
     p.base.root = peer;
     p.base.tag = tag;
-    return p;
+    return op;
   }
 
-  WorkPtr go(OpPlan&& p, const CallOptions& o) {
+  WorkPtr go(std::shared_ptr<OpState>&& op, const CallOptions& o) {
+    OpPlan& p = op->plan();
     if (o.copier) {
       if (p.device) throw Error(Status::InvalidRequest, "a GPU-path request has no staging to copy through");
       p.copier = o.copier;
@@ -294,56 +312,20 @@ class CommImpl final : public Communicator {
       p.base.flags |= ipc::kFlagRail;
       p.ordered_by_caller = true;
     }
-    const auto timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
-    p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(timeout.count(), UINT32_MAX));
-    std::lock_guard lk(seq_->mu);  // one seq order per communicator, also across threads
-    if (p.base.op == OpType::Send) p.base.seq = ++seq_->sends[p.base.root];
-    else if (p.base.op == OpType::Recv) p.base.seq = ++seq_->recvs[p.base.root];
-    else p.base.seq = ++seq_->collectives;
-    if (p.base.op != OpType::Send && p.base.op != OpType::Recv && p.base.op != OpType::CommCreate) p.comm_state = seq_;
-    if (takes_fast_path(p)) {
-      p.fast_lane = seq_->fast_lane;
-      p.fast_k = ++seq_->fast_ops;
-      return client_->submit_fast(std::move(p), timeout);
-    }
-    return client_->submit(std::move(p), timeout);
-  }
-
-  // Whether a call takes the host fast path: decided from the call and the communicator alone,
-  // so that every member decides alike (client/host_fast_path.cpp).
-  // Sets p.fast_single_copy when it takes the path by single copy.
-  bool takes_fast_path(OpPlan& p) const {
-    if (seq_->fast_lane < 0 || seq_->fast_off.load(std::memory_order_relaxed)) return false;
-    if (p.device || p.copier || p.ordered_by_caller || p.unchunked || (p.base.flags & ipc::kFlagSplits)) return false;
-    const OpType op = p.base.op;
-    if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
-    auto& rule = seq_->last_rule;  // seq_->mu is held (go)
-    if (rule.op != op || rule.dtype != p.base.dtype || rule.count != p.base.count) {
-      rule.op = op;
-      rule.dtype = p.base.dtype;
-      rule.count = p.base.count;
-      rule.single_copy =
-          host_fast::single_copy(op, p.base.count, p.base.dtype, size(), client_->fast_single_copy_bytes());
-      rule.takes = rule.single_copy ||
-                   host_fast::fits(op, p.base.count, p.base.dtype, size(), client_->fast_cell_bytes(),
-                                   client_->fast_read_bytes(), client_->fast_reduce_bytes(),
-                                   client_->fast_reduce_shrinks());
-    }
-    p.fast_single_copy = rule.single_copy;
-    return rule.takes;
+    p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(op->timeout().count(), UINT32_MAX));
+    return client_->submit(std::move(op), seq_);
   }
 
  public:
   // The host fast path's lane of this communicator, and its members' slots (create_communicator, world).
   void set_fast_lane(int lane, int first_local_rank) {
-    std::lock_guard lk(seq_->mu);
+    std::lock_guard lk(client_->mutex());  // ClientImpl::number_locked reads them
     seq_->fast_lane = lane;
     seq_->fast_slots.clear();
     for (int g : ranks_) seq_->fast_slots.push_back(g - first_local_rank);
   }
 
  private:
-
   std::shared_ptr<ClientImpl> client_;
   std::uint64_t id_;
   std::vector<int> ranks_;

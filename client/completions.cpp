@@ -370,9 +370,8 @@ void ClientImpl::progress_thread() {
 static_assert(sizeof(OpState) <= 1016, "an OpState no longer fits glibc's per-thread cache");
 #endif
 
-OpState::OpState(std::shared_ptr<ClientImpl> client, OpPlan&& plan, std::chrono::milliseconds timeout)
-    : client_(std::move(client)), plan_(std::move(plan)) {
-  if (!plan_.unchunked && plan_.block > 0) nchunks_ = (plan_.block + plan_.chunk - 1) / plan_.chunk;
+OpState::OpState(std::shared_ptr<ClientImpl> client, std::chrono::milliseconds timeout)
+    : client_(std::move(client)), timeout_(timeout) {
   // The coarse clock (a few ms behind, no TSC read): a deadline seconds away does not need
   // the precise one, and every small op pays for the read.
   timespec ts{};
@@ -380,6 +379,10 @@ OpState::OpState(std::shared_ptr<ClientImpl> client, OpPlan&& plan, std::chrono:
   static_assert(std::is_same_v<Clock, std::chrono::steady_clock>, "steady_clock is CLOCK_MONOTONIC on Linux");
   deadline_ = Clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)) + timeout +
               kBackstop;
+}
+
+void OpState::planned() {
+  if (!plan_.unchunked && plan_.block > 0) nchunks_ = (plan_.block + plan_.chunk - 1) / plan_.chunk;
   if (!plan_.device) {
     // Blocks of `block` elements, `user_stride` apart (plan() makes both the count).
     const std::uint64_t e = ipc::dtype_size(plan_.base.dtype);

@@ -36,29 +36,42 @@ struct OwnerGaveUp : std::runtime_error {
 
 }  // namespace
 
-std::shared_ptr<OpState> ClientImpl::submit_fast(OpPlan&& plan, std::chrono::milliseconds timeout) {
-  auto op = std::make_shared<OpState>(shared_from_this(), std::move(plan), timeout);
-  Deferred callbacks;
-  bool published = false;
-  {
-    std::lock_guard lk(mu_);
-    if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
-    if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
-    note_order_locked(op);
-    fast_.push_back(op);
-    fast_count_.store(fast_.size(), std::memory_order_relaxed);
-    ++active_;
-    progress_locked(callbacks);
-    published = op->fast_published_;
+bool ClientImpl::number_locked(OpPlan& p, const std::shared_ptr<SeqState>& state) {
+  SeqState& seq = *state;
+  const ipc::OpType op = p.base.op;
+  if (op == ipc::OpType::Send) p.base.seq = ++seq.sends[p.base.root];
+  else if (op == ipc::OpType::Recv) p.base.seq = ++seq.recvs[p.base.root];
+  else p.base.seq = ++seq.collectives;
+  if (is_p2p(op) || op == ipc::OpType::CommCreate) return false;
+  // The communicator's numbering: a failure turns its host fast path off.
+  p.comm_state = state;
+  if (seq.fast_lane < 0 || seq.fast_off.load(std::memory_order_relaxed)) return false;
+  if (p.device || p.copier || p.ordered_by_caller || p.unchunked || (p.base.flags & ipc::kFlagSplits)) return false;
+  if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
+  auto& rule = seq.last_rule;
+  if (rule.op != op || rule.dtype != p.base.dtype || rule.count != p.base.count) {
+    const auto& h = segment_.header();
+    rule.op = op;
+    rule.dtype = p.base.dtype;
+    rule.count = p.base.count;
+    rule.single_copy = host_fast::single_copy(op, p.base.count, p.base.dtype, p.group_size, h.fast_single_copy_bytes);
+    rule.takes = rule.single_copy || host_fast::fits(op, p.base.count, p.base.dtype, p.group_size, h.fast_cell_bytes,
+                                                     h.fast_read_bytes, h.fast_reduce_bytes, h.fast_reduce_shrinks != 0);
   }
-  // The progress thread is woken only for an op that could not publish at once (its lane's
-  // cells are still read, or it waits for an earlier op on its memory): the others' wait needs
-  // its cell even if nobody here waits. Otherwise a caller that waits drives it, and one that
-  // registers a callback wakes the thread then (OpState::on_complete): waking it for every op
-  // cost a system call on the critical path.
-  if (!published) work_cv_.notify_one();
-  run(callbacks);
-  return op;
+  p.fast_single_copy = rule.single_copy;
+  if (!rule.takes) return false;
+  p.fast_lane = seq.fast_lane;
+  p.fast_k = ++seq.fast_ops;
+  return true;
+}
+
+bool ClientImpl::submit_fast_locked(const std::shared_ptr<OpState>& op, Deferred& callbacks) {
+  note_order_locked(op);
+  fast_.push_back(op);
+  fast_count_.store(fast_.size(), std::memory_order_relaxed);
+  ++active_;
+  progress_locked(callbacks);
+  return op->fast_published_;
 }
 
 void ClientImpl::ring_members(const OpState& op) const {
