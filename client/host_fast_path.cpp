@@ -22,6 +22,7 @@
 
 #include "client/client_impl.hpp"
 #include "client/host_fast.hpp"
+#include "ipc/prefetch.hpp"
 
 namespace smddp::client {
 
@@ -227,6 +228,7 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
     const bool half = slot_.requests.size() >= ipc::kRequestRingCapacity / 2;
     if (half && !fast_rang_daemon_) segment_.header().daemon_bell.ring();
     fast_rang_daemon_ = half;
+    slot_.requests.prefetch_next_slot(offsetof(ipc::RequestDesc, input));
   } else {
     // The ring is full (the daemon is slow to drain it): wake it, and the progress thread, which
     // pushes the rest if this rank calls nothing more.
@@ -350,6 +352,12 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           }
           slot_.fast_done[p.fast_lane].k.store(p.fast_k, std::memory_order_release);
           ring = true;
+          if (!p.fast_single_copy) {
+            // This rank's cell of the next number, which the others have read by now where the
+            // calls come one after the other: asked for owned before that publish stores to it.
+            auto& next = segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k + 1);
+            ipc::prefetch_lines<true>(&next, sizeof next + segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k).bytes);
+          }
           if (p.fast_single_copy) {
             op.fast_read_ = true;  // the others may still read its input
             again = true;
@@ -395,6 +403,13 @@ bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
   // A member that gave up, a failed job or a timeout never fills the cells: after kSpin the
   // general wait, which looks for all of them, takes over.
   if (!ipc::spin_for([&] { return op.done() || missing_cell(p) < 0; }, kSpin, false)) return false;
+  // The members' inputs (all published unless the op is done), asked for while the lock is
+  // taken and the op looked at.
+  if (!op.done())
+    for (int s : p.comm_state->fast_slots) {
+      auto& cell = segment_.fast_cell(s, lane, k);
+      if (s != local_rank_) ipc::prefetch_lines<false>(ipc::Segment::fast_input(cell), cell.bytes);
+    }
   Deferred callbacks;
   bool finished = false, hand_over = false;
   {

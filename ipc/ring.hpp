@@ -10,6 +10,8 @@
 #include <optional>
 #include <type_traits>
 
+#include "ipc/prefetch.hpp"
+
 namespace smddp::ipc {
 
 template <class T, std::size_t Capacity>
@@ -36,6 +38,14 @@ class SpscRing {
     fill(slots_[tail & (Capacity - 1)]);
     tail_.store(tail + 1, std::memory_order_release);
     return true;
+  }
+
+  // Producer side: the first `bytes` of the slot the next push fills, asked for owned (the
+  // consumer read them the last time round): taking them back then stalls the push's next
+  // fence or locked instruction.
+  void prefetch_next_slot(std::size_t bytes) const noexcept {
+    const std::uint64_t tail = tail_.load(std::memory_order_relaxed);
+    prefetch_lines<true>(&slots_[tail & (Capacity - 1)], bytes);
   }
 
   enum class PopResult { Item, Empty, Corrupt };
