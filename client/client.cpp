@@ -232,7 +232,7 @@ void ClientImpl::run(Deferred& deferred) {
   deferred.released.clear();
 }
 
-std::shared_ptr<OpState> ClientImpl::submit(std::shared_ptr<OpState>&& op, const std::shared_ptr<SeqState>& seq) {
+std::shared_ptr<OpState> ClientImpl::submit(std::shared_ptr<OpState>&& op, SeqState* seq) {
   op->planned();
   Deferred callbacks;
   bool wake = true;
@@ -240,7 +240,7 @@ std::shared_ptr<OpState> ClientImpl::submit(std::shared_ptr<OpState>&& op, const
     std::lock_guard lk(mu_);
     if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
     if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
-    if (seq && number_locked(op->plan_, seq)) {
+    if (seq && number_locked(op->plan_, *seq)) {
       // The progress thread is woken only for a fast op that could not publish at once (its
       // lane's cells are still read, or it waits for an earlier op on its memory): the others'
       // wait needs its cell even if nobody here waits. Otherwise a caller that waits drives it,

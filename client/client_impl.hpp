@@ -107,7 +107,7 @@ struct OpPlan {
   // Host path on memory the client cannot memcpy (CallOptions::copier).
   std::shared_ptr<StagingCopier> copier;
   // The communicator's numbering (collectives only): a failure turns its host fast path off.
-  std::shared_ptr<SeqState> comm_state;
+  SeqState* comm_state = nullptr;  // the client keeps it (ClientImpl::seq_states_)
   // The flags sit together: an OpState then stays within the allocator's per-thread cache.
   bool in_place_stage = false;  // output region is the input region (allreduce, broadcast root)
   bool unchunked = false;
@@ -212,7 +212,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
 
   // Numbers an operation in its communicator's order (`seq`; null: it carries its number, as
   // CommCreate's 0), queues it and submits what fits. Throws Error if the client is unusable.
-  std::shared_ptr<OpState> submit(std::shared_ptr<OpState>&& op, const std::shared_ptr<SeqState>& seq = nullptr);
+  std::shared_ptr<OpState> submit(std::shared_ptr<OpState>&& op, SeqState* seq = nullptr);
   // Input bytes a fast cell holds (0: no host fast path on this node).
   std::uint64_t fast_cell_bytes() const { return segment_.header().fast_cell_bytes; }
   std::uint64_t fast_read_bytes() const { return segment_.header().fast_read_bytes; }
@@ -250,7 +250,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // Gives `p` its numbers in `seq`; true when it takes the host fast path (host_fast_path.cpp),
   // decided from the call and the communicator alone, so that every member decides alike. Sets
   // p.fast_single_copy when it takes it by single copy.
-  bool number_locked(OpPlan& p, const std::shared_ptr<SeqState>& seq);
+  bool number_locked(OpPlan& p, SeqState& seq);
   // The host fast path: runs a small collective of a group within this node through the
   // members' fast cells; the daemon only hears of it. Returns whether it published at once.
   bool submit_fast_locked(const std::shared_ptr<OpState>& op, Deferred& callbacks);
@@ -321,7 +321,9 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // between, run in issue order, as with NCCL's stream and Gloo's queue. Disjoint ops still
   // overlap.
   struct Touch {
-    std::shared_ptr<OpState> op;            // until it is done (the queues hold it until then anyway)
+    // Until it is done; no reference: the queues hold an op until then, and an entry for each
+    // op cost two reference counts bumped on its critical path.
+    OpState* op = nullptr;
     std::shared_ptr<StagingCopier> copier;  // until its copies are over
     std::uintptr_t in = 0, out = 0;
     std::uint64_t in_span = 0, out_span = 0;
@@ -476,6 +478,9 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::chrono::steady_clock::time_point heartbeat_seen_;
   std::weak_ptr<Communicator> world_;
   std::shared_ptr<SeqState> world_seq_ = std::make_shared<SeqState>();
+  // Every communicator's numbering, kept as long as the client: its ops point at it
+  // (OpPlan::comm_state) without a reference count to bump for each of them.
+  std::vector<std::shared_ptr<SeqState>> seq_states_{world_seq_};
   bool stop_ = false;
   bool detached_ = false;  // detach() ran: no new operations
   // User threads inside wait_for(). While there are some, they drive progress and the

@@ -313,7 +313,7 @@ class CommImpl final : public Communicator {
       p.ordered_by_caller = true;
     }
     p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(op->timeout().count(), UINT32_MAX));
-    return client_->submit(std::move(op), seq_);
+    return client_->submit(std::move(op), seq_.get());
   }
 
  public:
@@ -356,8 +356,13 @@ CommunicatorPtr ClientImpl::create_communicator(std::uint64_t comm_id, const std
     if (g < 0 || g >= world_size_)
       throw Error(Status::InvalidRequest, "communicator member " + std::to_string(g) + " is not a rank of the job");
   const auto t = timeout.count() > 0 ? timeout : kDefaultTimeout;
+  auto seq = std::make_shared<SeqState>();
+  {
+    std::lock_guard lk(mu_);
+    seq_states_.push_back(seq);
+  }
   auto comm = std::make_shared<CommImpl>(shared_from_this(), comm_id, global_ranks,
-                                         static_cast<int>(pos - global_ranks.begin()), std::make_shared<SeqState>());
+                                         static_cast<int>(pos - global_ranks.begin()), std::move(seq));
   auto created = comm->create(comm_id, global_ranks, t);
   created->wait(std::chrono::milliseconds{0});
   // The daemon's answer names the communicator's host fast lane (0: none).

@@ -37,15 +37,14 @@ struct OwnerGaveUp : std::runtime_error {
 
 }  // namespace
 
-bool ClientImpl::number_locked(OpPlan& p, const std::shared_ptr<SeqState>& state) {
-  SeqState& seq = *state;
+bool ClientImpl::number_locked(OpPlan& p, SeqState& seq) {
   const ipc::OpType op = p.base.op;
   if (op == ipc::OpType::Send) p.base.seq = ++seq.sends[p.base.root];
   else if (op == ipc::OpType::Recv) p.base.seq = ++seq.recvs[p.base.root];
   else p.base.seq = ++seq.collectives;
   if (is_p2p(op) || op == ipc::OpType::CommCreate) return false;
   // The communicator's numbering: a failure turns its host fast path off.
-  p.comm_state = state;
+  p.comm_state = &seq;
   if (seq.fast_lane < 0 || seq.fast_off.load(std::memory_order_relaxed)) return false;
   if (p.device || p.copier || p.ordered_by_caller || p.unchunked || (p.base.flags & ipc::kFlagSplits)) return false;
   if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why

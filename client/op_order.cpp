@@ -26,9 +26,11 @@ void ClientImpl::note_order_locked(const std::shared_ptr<OpState>& op) {
   me.out_span = op->out_span_;
   for (const Touch& t : touching_) {
     const bool writes = overlap(t.out, t.out_span, me.in, me.in_span) || overlap(t.out, t.out_span, me.out, me.out_span);
-    if (writes || overlap(t.in, t.in_span, me.out, me.out_span)) op->deps_.push_back({t.op, t.copier, writes});
+    // An entry's op is alive while it is set: the client's queues hold an op until it is done.
+    if (writes || overlap(t.in, t.in_span, me.out, me.out_span))
+      op->deps_.push_back({t.op ? t.op->shared_from_this() : nullptr, t.copier, writes});
   }
-  me.op = op;
+  me.op = op.get();
   me.copier = op->plan_.copier;
   touching_.push_back(std::move(me));
 }
@@ -57,11 +59,10 @@ void ClientImpl::untouch_locked(OpState& op, Deferred& callbacks) {
     if (d.op) callbacks.released.push_back(std::move(d.op));
   op.deps_.clear();
   for (Touch& t : touching_) {
-    if (t.op.get() != &op) continue;
+    if (t.op != &op) continue;
     t.last_in = op.last_in_ticket_;
     t.last_out = op.last_out_ticket_;
-    // The op references the client: the client must not keep it past its end.
-    callbacks.released.push_back(std::move(t.op));
+    t.op = nullptr;
     break;
   }
 }
