@@ -247,9 +247,9 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // Checks the daemon: false (and every op failed) once it is gone or the job failed.
   bool check_liveness_locked(Deferred& callbacks);
   void progress_thread();
-  // Gives `p` its numbers in `seq`; true when it takes the host fast path (host_fast_path.cpp),
-  // decided from the call and the communicator alone, so that every member decides alike. Sets
-  // p.fast_single_copy when it takes it by single copy.
+  // Gives `p` its numbers in `seq`; true when it takes the host fast path (host_fast_path.cpp;
+  // host_fast::fits and single_copy), decided from the call and the communicator alone, so that
+  // every member decides alike. Sets p.fast_single_copy when it takes it by single copy.
   bool number_locked(OpPlan& p, SeqState& seq);
   // The host fast path: runs a small collective of a group within this node through the
   // members' fast cells; the daemon only hears of it. Returns whether it published at once.

@@ -37,34 +37,6 @@ struct OwnerGaveUp : std::runtime_error {
 
 }  // namespace
 
-bool ClientImpl::number_locked(OpPlan& p, SeqState& seq) {
-  const ipc::OpType op = p.base.op;
-  if (op == ipc::OpType::Send) p.base.seq = ++seq.sends[p.base.root];
-  else if (op == ipc::OpType::Recv) p.base.seq = ++seq.recvs[p.base.root];
-  else p.base.seq = ++seq.collectives;
-  if (is_p2p(op) || op == ipc::OpType::CommCreate) return false;
-  // The communicator's numbering: a failure turns its host fast path off.
-  p.comm_state = &seq;
-  if (seq.fast_lane < 0 || seq.fast_off.load(std::memory_order_relaxed)) return false;
-  if (p.device || p.copier || p.ordered_by_caller || p.unchunked || (p.base.flags & ipc::kFlagSplits)) return false;
-  if (ipc::reduces(op) && !ipc::reduce_op_supported(p.base.reduce_op, p.base.dtype)) return false;  // the daemon says why
-  auto& rule = seq.last_rule;
-  if (rule.op != op || rule.dtype != p.base.dtype || rule.count != p.base.count) {
-    const auto& h = segment_.header();
-    rule.op = op;
-    rule.dtype = p.base.dtype;
-    rule.count = p.base.count;
-    rule.single_copy = host_fast::single_copy(op, p.base.count, p.base.dtype, p.group_size, h.fast_single_copy_bytes);
-    rule.takes = rule.single_copy || host_fast::fits(op, p.base.count, p.base.dtype, p.group_size, h.fast_cell_bytes,
-                                                     h.fast_read_bytes, h.fast_reduce_bytes, h.fast_reduce_shrinks != 0);
-  }
-  p.fast_single_copy = rule.single_copy;
-  if (!rule.takes) return false;
-  p.fast_lane = seq.fast_lane;
-  p.fast_k = ++seq.fast_ops;
-  return true;
-}
-
 bool ClientImpl::submit_fast_locked(const std::shared_ptr<OpState>& op, Deferred& callbacks) {
   note_order_locked(op);
   fast_.push_back(op);
