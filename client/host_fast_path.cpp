@@ -323,16 +323,16 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           }
           slot_.fast_done[p.fast_lane].k.store(p.fast_k, std::memory_order_release);
           ring = true;
-          if (!p.fast_single_copy) {
-            // This rank's cell of the next number, which the others have read by now where the
-            // calls come one after the other: asked for owned before that publish stores to it.
-            auto& next = segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k + 1);
-            ipc::prefetch_lines<true>(&next, sizeof next + segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k).bytes);
-          }
           if (p.fast_single_copy) {
             op.fast_read_ = true;  // the others may still read its input
             again = true;
             break;
+          }
+          {
+            // This rank's cell of the next number, which the others have read by now where the
+            // calls come one after the other: asked for owned before that publish stores to it.
+            auto& next = segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k + 1);
+            ipc::prefetch_lines<true>(&next, sizeof next + segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k).bytes);
           }
           finish_locked(op, callbacks);
           finished = true;
