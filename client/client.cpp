@@ -280,6 +280,7 @@ bool ClientImpl::number_locked(OpPlan& p, SeqState& seq) {
     rule.op = op;
     rule.dtype = p.base.dtype;
     rule.count = p.base.count;
+    rule.largest_input = host_fast::largest_input(op, p.base.count, p.base.dtype, p.group_size).value_or(0);
     rule.single_copy = host_fast::single_copy(op, p.base.count, p.base.dtype, p.group_size, h.fast_single_copy_bytes);
     rule.takes = rule.single_copy || host_fast::fits(op, p.base.count, p.base.dtype, p.group_size, h.fast_cell_bytes,
                                                      h.fast_read_bytes, h.fast_reduce_bytes, h.fast_reduce_shrinks != 0);
@@ -288,6 +289,7 @@ bool ClientImpl::number_locked(OpPlan& p, SeqState& seq) {
   if (!rule.takes) return false;
   p.fast_lane = seq.fast_lane;
   p.fast_k = ++seq.fast_ops;
+  p.fast_largest_input = rule.single_copy ? 0 : rule.largest_input;
   return true;
 }
 

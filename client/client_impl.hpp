@@ -74,6 +74,7 @@ struct SeqState {
     ipc::OpType op = ipc::OpType::Barrier;
     ipc::DType dtype = ipc::DType::Float32;
     std::uint64_t count = UINT64_MAX;
+    std::uint64_t largest_input = 0;
     bool takes = false, single_copy = false;
   } last_rule;
 };
@@ -104,6 +105,7 @@ struct OpPlan {
   // The host fast path: the lane and this op's fast-op number on it (fast_k 0: not fast).
   int fast_lane = -1;
   std::uint64_t fast_k = 0;
+  std::uint64_t fast_largest_input = 0;  // the most bytes a member publishes (its lines are prefetched)
   // Host path on memory the client cannot memcpy (CallOptions::copier).
   std::shared_ptr<StagingCopier> copier;
   // The communicator's numbering (collectives only): a failure turns its host fast path off.

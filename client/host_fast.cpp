@@ -48,12 +48,12 @@ bool reduce_few(const FastCell& call, std::span<FastCell* const> cells, std::uin
   }
 }
 
-void reduce(const FastCell& call, std::span<FastCell* const> cells, std::uint64_t offset, std::byte* out,
-            std::uint64_t count) {
+void reduce(const FastCell& call, std::span<FastCell* const> cells, std::uint64_t offset, double scale,
+            std::byte* out, std::uint64_t count) {
   if (count == 0) return;
   if (reduce_few(call, cells, offset, out, count)) return;
   host_kernels::ReduceParams params;
-  params.premul_scale = call.scale;
+  params.premul_scale = scale;
   // The members' inputs at `offset` bytes in (on the stack: this runs for every small op).
   std::array<const void*, ipc::kMaxLocalRanks> in{};
   for (std::size_t m = 0; m < cells.size(); ++m) in[m] = Segment::fast_input(*cells[m]) + offset;
@@ -211,7 +211,8 @@ void copy_output(const FastCell& call, std::size_t n, int me, std::byte* out, Co
 
 }  // namespace
 
-void read_output(std::span<FastCell* const> cells, std::span<const int> pids, int me, std::byte* out, CopyPool* pool) {
+void read_output(std::span<FastCell* const> cells, std::span<const int> pids, int me, double premul_scale,
+                 std::byte* out, CopyPool* pool) {
   const FastCell& call = *cells[static_cast<std::size_t>(me)];
   switch (call.op) {
     case OpType::Barrier: return;
@@ -220,11 +221,11 @@ void read_output(std::span<FastCell* const> cells, std::span<const int> pids, in
     case OpType::ReduceScatter:
       for (const FastCell* c : cells)
         if (c->by_address) throw std::logic_error("the host fast path reduces from the cells only");
-      if (call.op == OpType::AllReduce) return reduce(call, cells, 0, out, call.count);
+      if (call.op == OpType::AllReduce) return reduce(call, cells, 0, premul_scale, out, call.count);
       if (call.op == OpType::ReduceScatter)
-        return reduce(call, cells, static_cast<std::uint64_t>(me) * call.count * ipc::dtype_size(call.dtype), out,
-                      call.count);
-      if (me == call.root) reduce(call, cells, 0, out, call.count);
+        return reduce(call, cells, static_cast<std::uint64_t>(me) * call.count * ipc::dtype_size(call.dtype),
+                      premul_scale, out, call.count);
+      if (me == call.root) reduce(call, cells, 0, premul_scale, out, call.count);
       return;
     case OpType::Send:
     case OpType::Recv:
@@ -233,7 +234,7 @@ void read_output(std::span<FastCell* const> cells, std::span<const int> pids, in
     default: break;
   }
   const auto own_source = [&](const FastCell& c, std::uint64_t offset) {
-    return reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(c.address)) + offset;
+    return reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(Segment::fast_address(c))) + offset;
   };
   const auto copy = [&](std::size_t m, std::uint64_t offset, std::byte* dst, std::uint64_t bytes) {
     const FastCell& c = *cells[m];
@@ -245,7 +246,7 @@ void read_output(std::span<FastCell* const> cells, std::span<const int> pids, in
       if (src != dst) std::memmove(dst, src, bytes);
     } else {
       if (m >= pids.size()) throw std::logic_error("the host fast path lacks a member's pid");
-      ipc::read_peer(pids[m], c.address + offset, dst, bytes);
+      ipc::read_peer(pids[m], Segment::fast_address(c) + offset, dst, bytes);
     }
   };
   if (!pool || pool->threads() < 2 || !call.by_address) return copy_output(call, cells.size(), me, out, copy);

@@ -53,12 +53,13 @@ bool same_call(const ipc::FastCell& a, const ipc::FastCell& b);
 
 // Writes member `me`'s output of the call every cell holds (`cells` by group rank, all
 // published and checked with same_call) into `out`. Reductions combine the members in group-rank
-// order, so every member computes the same bits. A member whose cell is by_address is read from
+// order, so every member computes the same bits; a premul_sum scales every input by
+// `premul_scale`, the caller's. A member whose cell is by_address is read from
 // its process, `pids` by group rank (empty when no cell is), its own input in place. Throws
 // std::runtime_error when such a read fails. By single copy, `pool` (if any) shares the copies
 // out in parts of at least kMinCopyPart.
-void read_output(std::span<ipc::FastCell* const> cells, std::span<const int> pids, int me, std::byte* out,
-                 CopyPool* pool = nullptr);
+void read_output(std::span<ipc::FastCell* const> cells, std::span<const int> pids, int me, double premul_scale,
+                 std::byte* out, CopyPool* pool = nullptr);
 // A part smaller than this costs more to hand to a helper thread (a wake-up, tens of us in a
 // VM) than it saves.
 inline constexpr std::uint64_t kMinCopyPart = 1ull << 20;

@@ -153,10 +153,9 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
       source = op.plan_.aux.data();
     }
     cell.by_address = 1;
-    cell.address = reinterpret_cast<std::uintptr_t>(source);
+    ipc::Segment::set_fast_address(cell, reinterpret_cast<std::uintptr_t>(source));
   } else {
     cell.by_address = 0;
-    cell.address = 0;
     if (bytes) std::memcpy(ipc::Segment::fast_input(cell), p.in, bytes);
   }
   cell.comm_id = p.base.comm_id;
@@ -164,12 +163,10 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
   cell.done_then.store(static_cast<std::uint32_t>(slot_.fast_done[lane].k.load(std::memory_order_relaxed)),
                        std::memory_order_release);
   cell.count = p.base.count;
-  cell.scale = p.base.scale;
   cell.root = p.base.root;
   cell.op = p.base.op;
   cell.dtype = p.base.dtype;
   cell.reduce_op = p.base.reduce_op;
-  cell.bytes = bytes;
   cell.tag.store(k, std::memory_order_release);
   fast_published_[static_cast<std::size_t>(lane)] = k;
   op.fast_published_ = true;
@@ -227,15 +224,15 @@ bool ClientImpl::read_fast_locked(OpState& op) {
                    [&](const ipc::FastCell* c) { return c == &mine || host_fast::same_call(mine, *c); }))
     return false;
   if (!p.fast_single_copy) {
-    host_fast::read_output(members, {}, p.group_rank, p.out);
+    host_fast::read_output(members, {}, p.group_rank, p.base.scale, p.out);
     return true;
   }
   std::array<int, ipc::kMaxLocalRanks> pids{};
   for (std::size_t m = 0; m < slots.size(); ++m) pids[m] = segment_.slot(slots[m]).pid;
   if (!copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_);
   try {
-    host_fast::read_output(members, std::span<const int>(pids.data(), slots.size()), p.group_rank, p.out,
-                           copy_pool_.get());
+    host_fast::read_output(members, std::span<const int>(pids.data(), slots.size()), p.group_rank, p.base.scale,
+                           p.out, copy_pool_.get());
   } catch (const std::runtime_error& e) {
     // A member that ended meanwhile is the failure (the job's error follows), not the mechanism.
     for (std::size_t m = 0; m < slots.size(); ++m)
@@ -330,9 +327,10 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           }
           {
             // This rank's cell of the next number, which the others have read by now where the
-            // calls come one after the other: asked for owned before that publish stores to it.
+            // calls come one after the other: asked for owned before that publish stores to it
+            // (as many lines as this op's input took).
             auto& next = segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k + 1);
-            ipc::prefetch_lines<true>(&next, sizeof next + segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k).bytes);
+            ipc::prefetch_lines<true>(&next, offsetof(ipc::FastCell, input) + p.fast_largest_input);
           }
           finish_locked(op, callbacks);
           finished = true;
@@ -376,10 +374,12 @@ bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
   if (!ipc::spin_for([&] { return op.done() || missing_cell(p) < 0; }, kSpin, false)) return false;
   // The members' inputs (all published unless the op is done), asked for while the lock is
   // taken and the op looked at.
-  if (!op.done())
+  // The first line came with the tag; the rest of a larger input, past it.
+  if (!op.done() && p.fast_largest_input > ipc::kFastInlineBytes)
     for (int s : p.comm_state->fast_slots) {
       auto& cell = segment_.fast_cell(s, lane, k);
-      if (s != local_rank_) ipc::prefetch_lines<false>(ipc::Segment::fast_input(cell), cell.bytes);
+      if (s != local_rank_)
+        ipc::prefetch_lines<false>(&cell + 1, p.fast_largest_input - ipc::kFastInlineBytes);
     }
   Deferred callbacks;
   bool finished = false, hand_over = false;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,7 +29,7 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 14;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+inline constexpr std::uint32_t kLayoutVersion = 15;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
                                                      // 5: released allocations; 6: reads from the members' arenas;
                                                      // 7: hierarchical GPU operations, staged bytes;
                                                      // 8: the host fast path's cells; 9: shares reduced by the ranks;
@@ -37,6 +38,8 @@ inline constexpr std::uint32_t kLayoutVersion = 14;  // 3: completion kinds and 
                                                      // 12: that limit shrinking with the members;
                                                      // 13: single copy (FastCell::address)
                                                      // 14: FastCell::done_then, a 32-bit FastCell::seq
+                                                     // 15: the input from the cell's first line,
+                                                     //     FastDone::given_up on a line of its own
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -65,26 +68,32 @@ struct FastCell {
   // fast_done line, which it has just written (a cache miss per member per operation).
   std::atomic<std::uint32_t> done_then{0};
   std::uint64_t count = 0;
-  double scale = 1.0;
   std::int32_t root = 0;
   OpType op = OpType::Barrier;
   DType dtype = DType::Float32;
   ReduceOp reduce_op = ReduceOp::Sum;
   // 1: single copy (SegmentHeader::fast_single_copy_bytes): the input stays in the member's own
-  // memory, at `address` in the process of its slot's pid, and the others read it from there
-  // (ipc/cross_memory.hpp); the member waits for their fast_done before it returns.
+  // memory, at the address the input's place holds (Segment::fast_address), in the process of
+  // its slot's pid, and the others read it from there (ipc/cross_memory.hpp); the member waits
+  // for their fast_done before it returns.
   std::uint8_t by_address = 0;
-  std::uint64_t bytes = 0;  // input bytes that follow the cell (or at `address`)
-  std::uint64_t address = 0;
-  // The input follows (SegmentHeader::fast_cell_bytes at most), unless by_address.
+  // The input starts here, in the tag's line, and runs on into the SegmentHeader::fast_cell_bytes
+  // that follow the cell: a member that sees the tag of a small input (a loss scalar, a count:
+  // kFastInlineBytes at most) has its bytes too, one line from each member instead of two.
+  std::byte input[24];
 };
+inline constexpr std::size_t kFastInlineBytes = sizeof(FastCell::input);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
-static_assert(sizeof(FastCell) == 64);
+static_assert(sizeof(FastCell) == 64 && offsetof(FastCell, input) % 8 == 0);
+// The lane's marks, each on a line of its own: `k` is written after every operation and read by
+// the members only now and then, `given_up` read by every member that waits for a cell; on one
+// line, every such look took the line from its writer, whose next mark then waited to take it
+// back.
 struct alignas(64) FastDone {
   std::atomic<std::uint64_t> k{0};  // the last fast-op number of the lane this rank finished reading
   // The first fast-op number of the lane whose operation failed on this rank (0: none). The
   // others stop waiting for its cells from there on: it may never publish them.
-  std::atomic<std::uint64_t> given_up{0};
+  alignas(64) std::atomic<std::uint64_t> given_up{0};
 };
 
 enum class DaemonState : std::uint32_t { Starting = 0, Ready = 1, Failed = 2, Stopping = 3 };
@@ -261,10 +270,17 @@ class Segment {
   SegmentHeader& header() const noexcept { return *header_; }
   RankSlot& slot(int local_rank) const noexcept;
   std::span<std::byte> arena(int local_rank) const noexcept;
-  // Local rank `local_rank`'s cell for fast-op number k of `lane` (k % 2); its input follows
-  // it (fast_input). Only while header().fast_cell_bytes > 0.
+  // Local rank `local_rank`'s cell for fast-op number k of `lane` (k % 2); its input starts in
+  // it and runs on past it (fast_input). Only while header().fast_cell_bytes > 0.
   FastCell& fast_cell(int local_rank, int lane, std::uint64_t k) const noexcept;
-  static std::byte* fast_input(FastCell& c) noexcept { return reinterpret_cast<std::byte*>(&c + 1); }
+  static std::byte* fast_input(FastCell& c) noexcept { return c.input; }
+  // A by_address cell's input address, which it holds in its input's place.
+  static std::uint64_t fast_address(const FastCell& c) noexcept {
+    std::uint64_t a;
+    std::memcpy(&a, c.input, sizeof a);
+    return a;
+  }
+  static void set_fast_address(FastCell& c, std::uint64_t a) noexcept { std::memcpy(c.input, &a, sizeof a); }
   const std::string& name() const noexcept { return name_; }
   bool owner() const noexcept { return owner_; }
   // The owner unlinks the name on destruction unless released (a forked child must not).

@@ -97,8 +97,7 @@ struct TwoMembers {
       c.op = op;
       c.dtype = ipc::DType::Int32;
       c.by_address = 1;
-      c.bytes = in[m].size() * 4;
-      c.address = reinterpret_cast<std::uintptr_t>(in[m].data());
+      ipc::Segment::set_fast_address(c, reinterpret_cast<std::uintptr_t>(in[m].data()));
       ptrs[m] = &c;
       pids[m] = ::getpid();
     }
@@ -118,11 +117,11 @@ TEST(HostFastSplitRead, EveryByteLandsWhereTheSequentialReadPutsItForAnyThreads)
       const std::size_t out_elems = op == ipc::OpType::Scatter ? count : 2 * count;
       for (int me = 0; me < 2; ++me) {
         std::vector<std::uint32_t> want(out_elems, 0xdeadbeef), got(out_elems, 0xdeadbeef);
-        host_fast::read_output({t.ptrs, 2}, {t.pids, 2}, me, reinterpret_cast<std::byte*>(want.data()));
+        host_fast::read_output({t.ptrs, 2}, {t.pids, 2}, me, 1.0, reinterpret_cast<std::byte*>(want.data()));
         for (int threads : {2, 3, 4}) {
           CopyPool pool(threads);
           std::fill(got.begin(), got.end(), 0xdeadbeef);
-          host_fast::read_output({t.ptrs, 2}, {t.pids, 2}, me, reinterpret_cast<std::byte*>(got.data()), &pool);
+          host_fast::read_output({t.ptrs, 2}, {t.pids, 2}, me, 1.0, reinterpret_cast<std::byte*>(got.data()), &pool);
           ASSERT_EQ(got, want) << ipc::to_string(op) << " count " << count << " member " << me << " threads " << threads;
         }
         if (op == ipc::OpType::AllGather) {  // the reference itself: block m is member m's input
@@ -138,10 +137,10 @@ TEST(HostFastSplitRead, EveryByteLandsWhereTheSequentialReadPutsItForAnyThreads)
 TEST(HostFastSplitRead, AReadThatFailsInAHelperIsTheCallersError) {
   if (ipc::peer_reads_unavailable()) GTEST_SKIP() << *ipc::peer_reads_unavailable();
   TwoMembers t(ipc::OpType::AllGather, 1u << 20);
-  t.cells[1].address = 4096;  // not mapped: the kernel refuses the read
+  ipc::Segment::set_fast_address(t.cells[1], 4096);  // not mapped: the kernel refuses the read
   std::vector<std::uint32_t> out(2u << 20);
   CopyPool pool(4);
-  EXPECT_THROW(host_fast::read_output({t.ptrs, 2}, {t.pids, 2}, 0, reinterpret_cast<std::byte*>(out.data()), &pool),
+  EXPECT_THROW(host_fast::read_output({t.ptrs, 2}, {t.pids, 2}, 0, 1.0, reinterpret_cast<std::byte*>(out.data()), &pool),
                std::runtime_error);
 }
 
@@ -153,9 +152,9 @@ TEST(HostFastSplitRead, AnOwnBlockThatOverlapsItsPlaceMovesInOnePiece) {
   TwoMembers t(ipc::OpType::AllGather, count);
   std::vector<std::uint32_t> out(2 * count + 1);
   std::iota(out.begin() + 1, out.begin() + 1 + count, 0u);  // member 0's input at out + 1
-  t.cells[0].address = reinterpret_cast<std::uintptr_t>(out.data() + 1);
+  ipc::Segment::set_fast_address(t.cells[0], reinterpret_cast<std::uintptr_t>(out.data() + 1));
   CopyPool pool(4);
-  host_fast::read_output({t.ptrs, 2}, {t.pids, 2}, 0, reinterpret_cast<std::byte*>(out.data()), &pool);
+  host_fast::read_output({t.ptrs, 2}, {t.pids, 2}, 0, 1.0, reinterpret_cast<std::byte*>(out.data()), &pool);
   for (std::uint64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], i) << i;
   ASSERT_EQ(0, std::memcmp(out.data() + count, t.in[1].data(), count * 4));
 }

@@ -152,6 +152,39 @@ TEST(HostFast, EveryCollectiveOfTwoRanksWithACoreEachComputesTheRightOutput) {
   every_collective_of_two_ranks(Spin::CoreEach);
 }
 
+// An input starts in its cell's first line, beside the tag, and runs on past it: every size
+// around that line's end lands whole, for a reduction, a copy and a call with a block per member,
+// and a premul_sum scales by the caller's factor.
+TEST(HostFast, InputsAroundTheCellsFirstLineLandWhole) {
+  Job j(2, Spin::CoreEach);
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    for (std::uint64_t n = 0; n <= ipc::kFastInlineBytes + 16; ++n) {
+      std::vector<std::uint8_t> in(2 * n), out(2 * n, 0xee);
+      for (std::uint64_t i = 0; i < in.size(); ++i) in[i] = static_cast<std::uint8_t>(i * 7 + r + 1);
+      w->allreduce(in.data(), out.data(), n, DType::UInt8, ReduceOp::Sum)->wait(10000ms);
+      for (std::uint64_t i = 0; i < n; ++i)
+        ASSERT_EQ(out[i], static_cast<std::uint8_t>(2 * (i * 7) + 3)) << "allreduce of " << n << " bytes, byte " << i;
+      w->allgather(in.data(), out.data(), n, DType::UInt8)->wait(10000ms);
+      for (std::uint64_t i = 0; i < 2 * n; ++i)
+        ASSERT_EQ(out[i], static_cast<std::uint8_t>((i % n) * 7 + i / n + 1)) << "allgather of " << n << " bytes, byte " << i;
+      w->alltoall(in.data(), out.data(), n, DType::UInt8)->wait(10000ms);
+      for (std::uint64_t i = 0; i < 2 * n; ++i)  // block m of the output is member m's block r
+        ASSERT_EQ(out[i], static_cast<std::uint8_t>((r * n + i % n) * 7 + i / n + 1))
+            << "alltoall of " << n << " bytes, byte " << i;
+    }
+    const float f[3] = {1.f, 2.f, 4.f};
+    float of[3] = {};
+    smddp::client::CallOptions o;
+    o.scale = 0.5;
+    w->allreduce(f, of, 3, DType::Float32, ReduceOp::PremulSum, o)->wait(10000ms);
+    EXPECT_EQ(of[0], 1.f);
+    EXPECT_EQ(of[2], 4.f);
+  });
+  j.daemon.settle();
+  EXPECT_EQ(j.fast_requests(), 2 * (3 * (ipc::kFastInlineBytes + 17) + 1));  // every one fast
+}
+
 // A sum of a few elements skips the kernels' dispatch: the same results, integers wrapping as
 // the kernels' do, for each dtype it takes, and a dtype it does not take still right.
 TEST(HostFast, AFewElementsSumAsTheKernelsDo) {
@@ -622,9 +655,8 @@ TEST(HostFastSingleCopy, AMemberReturnsOnlyOnceTheOthersReadItsInput) {
   cell.count = n;
   cell.op = OpType::AllGather;
   cell.dtype = DType::Float32;
-  cell.bytes = n * 4;
   cell.by_address = 1;
-  cell.address = reinterpret_cast<std::uintptr_t>(in1.data());
+  ipc::Segment::set_fast_address(cell, reinterpret_cast<std::uintptr_t>(in1.data()));
   cell.tag.store(1, std::memory_order_release);
   auto work = j.ranks[0]->world()->allgather(in0.data(), out.data(), n, DType::Float32);
   const auto until = std::chrono::steady_clock::now() + 5s;
