@@ -175,6 +175,7 @@ void ClientImpl::start() {
 
 
 void ClientImpl::detach() {
+  hand_over_outbox();
   Deferred callbacks;
   {
     std::lock_guard lk(mu_);
@@ -206,6 +207,7 @@ ClientImpl::~ClientImpl() {
       progress_.join();
     }
   }
+  hand_over_outbox();
   {
     std::lock_guard lk(waker_->mu);
     waker_->bell = nullptr;
@@ -216,6 +218,27 @@ ClientImpl::~ClientImpl() {
   if (arena_release_) arena_release_();
   std::uint32_t reg = static_cast<std::uint32_t>(ipc::SlotState::Registered);
   slot_.state.compare_exchange_strong(reg, static_cast<std::uint32_t>(ipc::SlotState::Exited));
+}
+
+void ClientImpl::hand_over_outbox() {
+  // The daemon drains a ring within microseconds of its bell: seconds is a daemon that stopped.
+  constexpr auto kHandOverLimit = std::chrono::seconds(5);
+  auto& h = segment_.header();
+  const auto until = Clock::now() + kHandOverLimit;
+  Deferred callbacks;
+  std::unique_lock lk(mu_);
+  while (!outbox_.empty()) {
+    if (flush_outbox_locked(callbacks)) h.daemon_bell.ring();
+    if (outbox_.empty() || !dead_.empty() || h.job_failed.load(std::memory_order_acquire) ||
+        !ipc::process_alive(daemon_pid_) || Clock::now() >= until)
+      break;
+    h.daemon_bell.ring();
+    lk.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lk.lock();
+  }
+  lk.unlock();
+  run(callbacks);
 }
 
 std::string ClientImpl::job_error() const {

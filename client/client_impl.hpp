@@ -276,7 +276,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   bool member_done(int slot, int lane, std::uint64_t k) const;
   // Work the progress thread must drive when no caller waits (mu_).
   bool left_to_drive_locked() const { return active_ > 0 || fast_seen_ || !outbox_.empty(); }
-  void publish_fast_locked(const std::shared_ptr<OpState>& op);  // writes its cell, posts its request
+  void publish_fast_locked(OpState& op);  // writes its cell, posts its request
   bool read_fast_locked(OpState& op);  // false: the members' cells hold different calls
   // For waiting threads: whether a fast op can move now (takes the lock only if free).
   bool fast_ready();
@@ -455,6 +455,11 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::function<void()> arena_release_;  // guarded by mu_
   // Posts what the outbox may post now; true if anything went.
   bool flush_outbox_locked(Deferred& callbacks);
+  // At the end (detach, destruction): pushes the host fast-path requests the outbox still holds,
+  // waiting for ring space while the daemon lives (up to kHandOverLimit). They outlive their
+  // ops, done long ago; lost, the daemon would count the rank's collectives short and fail the
+  // other members' matching requests as waiting for a rank that exited.
+  void hand_over_outbox();
   // Posts `s` at once when nothing waits before it and it has no copies to wait for, else
   // queues it in the outbox.
   void post_or_stage_locked(Staged s);

@@ -153,7 +153,8 @@ void ClientImpl::complete_locked(Deferred& callbacks) {
 void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& callbacks) {
   std::vector<std::shared_ptr<OpState>> ops;
   for (auto& [id, inf] : inflight_) ops.push_back(inf.op);
-  for (auto& st : outbox_) ops.push_back(st.inflight.op);
+  for (auto& st : outbox_)
+    if (st.inflight.op) ops.push_back(st.inflight.op);
   for (auto& op : queue_) ops.push_back(op);
   for (auto& op : p2p_) ops.push_back(op);
   for (auto& op : fast_) ops.push_back(op);

@@ -136,8 +136,7 @@ int ClientImpl::missing_cell(const OpPlan& p) const {
   return -1;
 }
 
-void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
-  OpState& op = *holder;
+void ClientImpl::publish_fast_locked(OpState& op) {
   const OpPlan& p = op.plan_;
   const int lane = p.fast_lane;
   const std::uint64_t k = p.fast_k;
@@ -199,12 +198,12 @@ void ClientImpl::publish_fast_locked(const std::shared_ptr<OpState>& holder) {
     slot_.requests.prefetch_next_slot(offsetof(ipc::RequestDesc, input));
   } else {
     // The ring is full (the daemon is slow to drain it): wake it, and the progress thread, which
-    // pushes the rest if this rank calls nothing more.
+    // pushes the rest if this rank calls nothing more. Without its op: the request outlives it
+    // (and the client, whose end hands the rest over: hand_over_outbox).
     const bool first = outbox_.empty();
-    ++op.inflight_;
     ipc::RequestDesc d;
     fill(d);
-    outbox_.push_back(Staged{d, Inflight{holder, 0, kNoRegion, 0}, 0});
+    outbox_.push_back(Staged{d, Inflight{nullptr, 0, kNoRegion, 0}, 0});
     if (first) {
       segment_.header().daemon_bell.ring();
       work_cv_.notify_one();
@@ -299,7 +298,7 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           break;
         case FastLook::Publish:
           deps_ready_locked(op, callbacks);  // done (look_fast_locked saw it): releases them
-          publish_fast_locked(holder);
+          publish_fast_locked(op);
           ring = true;
           again = true;  // the others may all be there already
           break;

@@ -104,6 +104,19 @@ bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
   std::vector<const OpState*> p2p_waiting;  // sends/receives with an earlier chunk copying in
   const OpState* checked = nullptr;         // the last op whose copier was asked for errors
   for (auto it = outbox_.begin(); it != outbox_.end();) {
+    if (!it->inflight.op) {
+      // A host fast-path request (its op may be long done): the daemon answers only an error,
+      // routed by the op's fast_request_. Behind an earlier collective still copying in, as
+      // every collective.
+      if (collectives_wait) {
+        ++it;
+        continue;
+      }
+      if (!slot_.requests.try_push(it->desc)) break;
+      pushed = true;
+      it = outbox_.erase(it);
+      continue;
+    }
     OpState& op = *it->inflight.op;
     if (it->ticket && &op != checked) {
       check_copier_locked(op);
@@ -124,13 +137,7 @@ bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
       continue;
     }
     if (!slot_.requests.try_push(it->desc)) break;  // the daemon answers first: its completions wake us
-    if (op.fast_request_) {
-      // A host fast-path request: the daemon answers only an error, routed by fast_request_.
-      --op.inflight_;
-      callbacks.released.push_back(std::move(it->inflight.op));
-    } else {
-      inflight_.emplace(it->desc.request_id, std::move(it->inflight));
-    }
+    inflight_.emplace(it->desc.request_id, std::move(it->inflight));
     pushed = true;
     it = outbox_.erase(it);
   }
@@ -138,6 +145,7 @@ bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
 }
 
 void ClientImpl::drop_staged_locked(Staged& s, Deferred& callbacks, bool free_region) {
+  if (!s.inflight.op) return;  // a host fast-path request: nothing staged
   OpState& op = *s.inflight.op;
   free_after_locked(op.plan_.copier, StagingCopier::Lane::In, s.ticket, free_region ? s.inflight.offset : kNoRegion);
   p2p_bytes_ -= s.inflight.p2p_bytes;

@@ -87,6 +87,11 @@ class FakeDaemon {
   void set_state(ipc::DaemonState s) { header().state.store(static_cast<std::uint32_t>(s), std::memory_order_release); }
   // A daemon that stops its heartbeat looks hung to its ranks.
   void freeze_heartbeat(bool frozen) { frozen_.store(frozen); }
+  // A daemon that stops taking requests (a busy one): the rings fill, the ranks' outboxes hold the rest.
+  void pause_rings(bool paused) {
+    paused_.store(paused);
+    header().daemon_bell.ring();
+  }
 
   void set_policy(Policy p) {
     std::lock_guard lk(mu_);
@@ -145,7 +150,7 @@ class FakeDaemon {
       if (!frozen_.load()) h.heartbeat.fetch_add(1, std::memory_order_relaxed);
       const auto ticket = h.daemon_bell.ticket();
       bool any = false;
-      for (int r = 0; r < ranks; ++r) {
+      for (int r = 0; r < ranks && !paused_.load(); ++r) {
         ipc::RequestDesc d;
         while (seg_.slot(r).requests.try_pop(d) == decltype(seg_.slot(r).requests)::PopResult::Item) {
           any = true;
@@ -212,6 +217,7 @@ class FakeDaemon {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> frozen_{false};
+  std::atomic<bool> paused_{false};
   std::atomic<std::uint64_t> passes_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;

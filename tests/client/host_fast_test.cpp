@@ -185,6 +185,38 @@ TEST(HostFast, InputsAroundTheCellsFirstLineLandWhole) {
   EXPECT_EQ(j.fast_requests(), 2 * (3 * (ipc::kFastInlineBytes + 17) + 1));  // every one fast
 }
 
+// Fast requests that found the daemon's ring full wait in the outbox, without their ops (long
+// done): a client that ends hands them over as the daemon drains the ring, and ends.
+TEST(HostFast, RequestsLeftInTheOutboxReachTheDaemonWhenTheClientEnds) {
+  Job j(1, Spin::CoreEach);
+  // As the daemon: no answer to a fast request (the client that would take it is gone).
+  j.daemon.set_policy([](const ipc::RequestDesc& d, std::size_t) {
+    Answer a;
+    if (d.flags & ipc::kFlagHostFast) a.kind = Answer::Hold;
+    return a;
+  });
+  j.daemon.settle();
+  const std::size_t before = j.fast_requests();
+  j.daemon.pause_rings(true);
+  constexpr std::size_t kOps = ipc::kRequestRingCapacity + 40;
+  {
+    auto w = j.ranks[0]->world();
+    const float x = 1;
+    float y = 0;
+    for (std::size_t i = 0; i < kOps; ++i) w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+    EXPECT_EQ(y, 1.f);
+  }
+  std::thread busy_for_a_while([&] {
+    std::this_thread::sleep_for(100ms);
+    j.daemon.pause_rings(false);
+  });
+  j.ranks.clear();  // the last reference: the client ends here
+  busy_for_a_while.join();
+  EXPECT_EQ(j.daemon.segment().slot(0).state.load(), static_cast<std::uint32_t>(ipc::SlotState::Exited));
+  j.daemon.settle();
+  EXPECT_EQ(j.fast_requests(), before + kOps);
+}
+
 // A sum of a few elements skips the kernels' dispatch: the same results, integers wrapping as
 // the kernels' do, for each dtype it takes, and a dtype it does not take still right.
 TEST(HostFast, AFewElementsSumAsTheKernelsDo) {
