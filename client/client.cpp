@@ -228,11 +228,11 @@ void ClientImpl::hand_over_outbox() {
   Deferred callbacks;
   std::unique_lock lk(mu_);
   while (!outbox_.empty()) {
-    if (flush_outbox_locked(callbacks)) h.daemon_bell.ring();
+    flush_outbox_locked(callbacks);
+    h.daemon_bell.ring();  // it takes what went, which makes room for the rest
     if (outbox_.empty() || !dead_.empty() || h.job_failed.load(std::memory_order_acquire) ||
         !ipc::process_alive(daemon_pid_) || Clock::now() >= until)
       break;
-    h.daemon_bell.ring();
     lk.unlock();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     lk.lock();

@@ -161,7 +161,7 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   for (auto& w : share_waits_)
     if (w.inf.op) ops.push_back(w.inf.op);
   for (auto& op : ops) {
-    if (op->done()) continue;  // a fast-path op whose request waits in the outbox
+    if (op->done()) continue;  // a done op keeps its outcome
     if (op->status_ == Status::Ok) {
       op->status_ = s;
       op->error_ = why;

@@ -372,8 +372,8 @@ bool ClientImpl::wait_fast(OpState& op, Status& status, std::string& error) {
   // general wait, which looks for all of them, takes over.
   if (!ipc::spin_for([&] { return op.done() || missing_cell(p) < 0; }, kSpin, false)) return false;
   // The members' inputs (all published unless the op is done), asked for while the lock is
-  // taken and the op looked at.
-  // The first line came with the tag; the rest of a larger input, past it.
+  // taken and the op looked at: the first line came with the tag, the rest of a larger input
+  // lies past it.
   if (!op.done() && p.fast_largest_input > ipc::kFastInlineBytes)
     for (int s : p.comm_state->fast_slots) {
       auto& cell = segment_.fast_cell(s, lane, k);
