@@ -226,11 +226,15 @@ void ClientImpl::hand_over_outbox() {
   auto& h = segment_.header();
   const auto until = Clock::now() + kHandOverLimit;
   Deferred callbacks;
+  // Only fast requests are waited for: a detach fails the staged chunks of ops still running.
+  const auto fast_left = [&] {
+    return std::any_of(outbox_.begin(), outbox_.end(), [](const Staged& s) { return !s.inflight.op; });
+  };
   std::unique_lock lk(mu_);
-  while (!outbox_.empty()) {
+  while (fast_left()) {
     flush_outbox_locked(callbacks);
     h.daemon_bell.ring();  // it takes what went, which makes room for the rest
-    if (outbox_.empty() || !dead_.empty() || h.job_failed.load(std::memory_order_acquire) ||
+    if (!fast_left() || !dead_.empty() || h.job_failed.load(std::memory_order_acquire) ||
         !ipc::process_alive(daemon_pid_) || Clock::now() >= until)
       break;
     lk.unlock();

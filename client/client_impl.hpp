@@ -455,8 +455,9 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::function<void()> arena_release_;  // guarded by mu_
   // Posts what the outbox may post now; true if anything went.
   bool flush_outbox_locked(Deferred& callbacks);
-  // At the end (detach, destruction): pushes the host fast-path requests the outbox still holds,
-  // waiting for ring space while the daemon lives (up to kHandOverLimit). They outlive their
+  // At the end (detach, destruction): pushes the host fast-path requests the outbox still holds
+  // (and what is queued before them), waiting for ring space while the daemon lives (up to
+  // kHandOverLimit). They outlive their
   // ops, done long ago; lost, the daemon would count the rank's collectives short and fail the
   // other members' matching requests as waiting for a rank that exited.
   void hand_over_outbox();
