@@ -260,34 +260,61 @@ void ClientImpl::run(Deferred& deferred) {
   deferred.released.clear();
 }
 
-std::shared_ptr<OpState> ClientImpl::submit(std::shared_ptr<OpState>&& op, SeqState* seq) {
+void ClientImpl::check_usable_locked() const {
+  if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
+  if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
+}
+
+void ClientImpl::submit_to_daemon_locked(const std::shared_ptr<OpState>& op, Deferred& callbacks) {
+  if (op->stage_bytes(0) > alloc_.capacity())
+    throw Error(Status::InvalidRequest, std::string(ipc::to_string(op->plan_.base.op)) + " needs " +
+                                            std::to_string(op->stage_bytes(0)) +
+                                            " bytes of staging at once, more than the arena of " +
+                                            std::to_string(alloc_.capacity()) + " bytes (raise daemon.arena_mib)");
+  if (op->plan_.copier) op->plan_.copier->set_wake([w = waker_] { w->wake(); });
+  submit_locked(op, callbacks);
+}
+
+std::shared_ptr<OpState> ClientImpl::submit(std::shared_ptr<OpState>&& op) {
   op->planned();
   Deferred callbacks;
-  bool wake = true;
   {
     std::lock_guard lk(mu_);
-    if (detached_) throw Error(Status::Shutdown, "this rank has detached from smddp (Client::detach)");
-    if (!dead_.empty()) throw Error(Status::PeerFailed, dead_);
-    if (seq && number_locked(op->plan_, *seq)) {
-      // The progress thread is woken only for a fast op that could not publish at once (its
-      // lane's cells are still read, or it waits for an earlier op on its memory): the others'
-      // wait needs its cell even if nobody here waits. Otherwise a caller that waits drives it,
-      // and one that registers a callback wakes the thread then (OpState::on_complete): waking
-      // it for every op cost a system call on the critical path.
-      wake = !submit_fast_locked(op, callbacks);
-    } else {
-      if (op->stage_bytes(0) > alloc_.capacity())
-        throw Error(Status::InvalidRequest, std::string(ipc::to_string(op->plan_.base.op)) + " needs " +
-                                                std::to_string(op->stage_bytes(0)) +
-                                                " bytes of staging at once, more than the arena of " +
-                                                std::to_string(alloc_.capacity()) + " bytes (raise daemon.arena_mib)");
-      if (op->plan_.copier) op->plan_.copier->set_wake([w = waker_] { w->wake(); });
-      submit_locked(op, callbacks);
-    }
+    check_usable_locked();
+    submit_to_daemon_locked(op, callbacks);
+  }
+  work_cv_.notify_one();
+  run(callbacks);
+  return std::move(op);
+}
+
+WorkPtr ClientImpl::submit(const std::shared_ptr<ClientImpl>& self, OpPlan&& plan, std::chrono::milliseconds timeout,
+                           SeqState* seq) {
+  Deferred callbacks;
+  bool wake = true;
+  std::shared_ptr<OpState> op;
+  {
+    std::lock_guard lk(mu_);
+    check_usable_locked();
+    const bool fast = seq && number_locked(plan, *seq);
+    std::uint64_t request = 0;
+    const FastNow now = fast ? run_fast_now_locked(plan, request) : FastNow::NotStarted;
+    // No OpState, no memory-order entry, no queue: each cost more than the exchange itself.
+    if (now == FastNow::Done) return finished_work();
+    op = std::make_shared<OpState>(self, timeout, std::move(plan));
+    op->planned();
+    if (now == FastNow::Published) published(*op, request);
+    // The progress thread is woken only for a fast op that could not publish at once (its
+    // lane's cells are still read, or it waits for an earlier op on its memory): the others'
+    // wait needs its cell even if nobody here waits. Otherwise a caller that waits drives it,
+    // and one that registers a callback wakes the thread then (OpState::on_complete): waking
+    // it for every op cost a system call on the critical path.
+    if (fast) wake = !submit_fast_locked(op, callbacks);
+    else submit_to_daemon_locked(op, callbacks);
   }
   if (wake) work_cv_.notify_one();
   run(callbacks);
-  return std::move(op);
+  return op;
 }
 
 bool ClientImpl::number_locked(OpPlan& p, SeqState& seq) {

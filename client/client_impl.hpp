@@ -26,6 +26,10 @@ using Clock = std::chrono::steady_clock;
 // How long a waiting thread spins before it sleeps, and how long it sleeps at most between
 // looks at the daemon's liveness.
 inline constexpr auto kSpin = std::chrono::microseconds(50);
+// How long a host fast-path call waits within the call for the members' cells, holding the
+// client's lock, before it leaves the op to the general wait: ranks in a loop of small calls
+// reach each other well within it; later ones cost an OpState, as before.
+inline constexpr auto kFastNowSpin = std::chrono::microseconds(5);
 inline constexpr auto kSlice = std::chrono::milliseconds(20);
 // How often an idle progress thread looks at the job's state while this rank's GPU work may
 // wait on its peers (a failure handler is set): a peer's death must release those waits even
@@ -36,6 +40,10 @@ inline constexpr auto kBackstop = std::chrono::seconds(15);  // beyond the daemo
 inline constexpr auto kDefaultTimeout = std::chrono::milliseconds(30 * 60 * 1000);
 
 inline bool is_p2p(ipc::OpType op) { return op == ipc::OpType::Send || op == ipc::OpType::Recv; }
+
+// A Work that finished successfully: what a host fast-path op that ran within its call returns
+// (shared, no allocation, no reference count).
+WorkPtr finished_work();
 
 // Set when the last reference to a client is dropped on its own progress thread (a callback
 // held it): the thread must then return without touching the destroyed client.
@@ -126,6 +134,7 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
  public:
   // Its plan is filled in by the caller, then ClientImpl::submit takes it.
   OpState(std::shared_ptr<ClientImpl> client, std::chrono::milliseconds timeout);
+  OpState(std::shared_ptr<ClientImpl> client, std::chrono::milliseconds timeout, OpPlan&& plan);
   OpPlan& plan() { return plan_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
@@ -212,9 +221,14 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void count_gpu_work(OpType op, std::uint64_t kernels, std::uint64_t copies) override;
   GpuWork gpu_work() const override;
 
-  // Numbers an operation in its communicator's order (`seq`; null: it carries its number, as
-  // CommCreate's 0), queues it and submits what fits. Throws Error if the client is unusable.
-  std::shared_ptr<OpState> submit(std::shared_ptr<OpState>&& op, SeqState* seq = nullptr);
+  // Numbers a communicator's call (its plan) in the communicator's order (`seq`), queues it and
+  // submits what fits; throws Error if the client is unusable. A host fast-path op that finishes
+  // within the call (run_fast_now_locked) returns finished_work(), without an OpState; the others
+  // become one, which holds `self`.
+  WorkPtr submit(const std::shared_ptr<ClientImpl>& self, OpPlan&& plan, std::chrono::milliseconds timeout,
+                 SeqState* seq);
+  // The same for an op that carries its number (CommCreate's 0) and goes to the daemon.
+  std::shared_ptr<OpState> submit(std::shared_ptr<OpState>&& op);
   // Input bytes a fast cell holds (0: no host fast path on this node).
   std::uint64_t fast_cell_bytes() const { return segment_.header().fast_cell_bytes; }
   std::uint64_t fast_read_bytes() const { return segment_.header().fast_read_bytes; }
@@ -242,6 +256,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
  private:
   // Queues a numbered op that goes through the daemon and submits what fits.
   void submit_locked(const std::shared_ptr<OpState>& op, Deferred& callbacks);
+  // Throws Error when no new operation may start (detached, or the daemon is gone).
+  void check_usable_locked() const;
+  // submit_locked, after the checks that the op fits the arena and takes the copier's wakes.
+  void submit_to_daemon_locked(const std::shared_ptr<OpState>& op, Deferred& callbacks);
   bool submit_chunk_locked(OpState& op);
   bool submit_device_locked(OpState& op);
   void finish_locked(OpState& op, Deferred& callbacks);
@@ -277,12 +295,27 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // Work the progress thread must drive when no caller waits (mu_).
   bool left_to_drive_locked() const { return active_ > 0 || fast_seen_ || !outbox_.empty(); }
   void publish_fast_locked(OpState& op);  // writes its cell, posts its request
-  bool read_fast_locked(OpState& op);  // false: the members' cells hold different calls
+  // Writes the cell of `p` (`in_span`, `out_span`: the memory it reads and writes, for single
+  // copy) and posts its request; returns the request's id.
+  std::uint64_t publish_cell_locked(OpPlan& p, std::uint64_t in_span, std::uint64_t out_span);
+  // `op` was published with `request`: its input is read (not by single copy).
+  static void published(OpState& op, std::uint64_t request);
+  // A numbered fast op run within its call where nothing comes before it: no earlier fast op
+  // unfinished and no earlier op that may still touch memory. Publishes, waits for the members'
+  // cells for up to kFastNowSpin (where the ranks have cores of their own) and reads them.
+  // NotStarted: not published (`request` untouched); Published: published as `request`, the
+  // general path (an OpState) takes it from there, whatever kept it (a member not there yet,
+  // a mismatch, a member that gave up); Done: its output is written.
+  enum class FastNow { NotStarted, Published, Done };
+  FastNow run_fast_now_locked(OpPlan& p, std::uint64_t& request);
+  // Drops the memory-order entries of ops whose copies are over; true if none is left.
+  bool retire_touches_locked();
+  bool read_fast_locked(const OpPlan& p);  // false: the members' cells hold different calls
   // For waiting threads: whether a fast op can move now (takes the lock only if free).
   bool fast_ready();
   bool fast_ready_locked() const;
   // Rings the client bells of the op's other members (they may sleep waiting for this rank).
-  void ring_members(const OpState& op) const;
+  void ring_members(const OpPlan& p) const;
 
   std::string job_id_;
   int rank_, world_size_, local_rank_, local_world_size_, node_id_, num_nodes_, daemon_pid_;

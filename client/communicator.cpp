@@ -50,18 +50,16 @@ class CommImpl final : public Communicator {
 
   WorkPtr allreduce(const void* in, void* out, std::uint64_t count, DType t, ReduceOp rop,
                     const CallOptions& o) override {
-    auto op = plan(OpType::AllReduce, t, count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(OpType::AllReduce, t, count, o);
     p.base.reduce_op = rop;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = p.out_blocks = 1;
     p.in_place_stage = true;
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr broadcast(void* buf, std::uint64_t count, DType t, int root, const CallOptions& o) override {
-    auto op = plan(OpType::Broadcast, t, count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(OpType::Broadcast, t, count, o);
     check_root(root);
     p.base.root = root;
     p.in = static_cast<const std::byte*>(buf);
@@ -72,12 +70,11 @@ class CommImpl final : public Communicator {
     } else {
       p.out_blocks = 1;
     }
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr reduce(const void* in, void* out, std::uint64_t count, DType t, ReduceOp rop, int root,
                  const CallOptions& o) override {
-    auto op = plan(OpType::Reduce, t, count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(OpType::Reduce, t, count, o);
     check_root(root);
     p.base.root = root;
     p.base.reduce_op = rop;
@@ -85,36 +82,33 @@ class CommImpl final : public Communicator {
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = 1;
     p.out_blocks = rank_ == root ? 1 : 0;
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr allgather(const void* in, void* out, std::uint64_t count, DType t, const CallOptions& o) override {
-    auto op = plan(OpType::AllGather, t, count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(OpType::AllGather, t, count, o);
     if (o.sdp) p.base.flags |= ipc::kFlagSdp;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = 1;
     p.out_blocks = static_cast<std::uint64_t>(size());
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr reduce_scatter(const void* in, void* out, std::uint64_t count, DType t, ReduceOp rop,
                          const CallOptions& o) override {
-    auto op = plan(OpType::ReduceScatter, t, count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(OpType::ReduceScatter, t, count, o);
     p.base.reduce_op = rop;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = static_cast<std::uint64_t>(size());
     p.out_blocks = 1;
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr alltoall(const void* in, void* out, std::uint64_t count, DType t, const CallOptions& o) override {
-    auto op = plan(OpType::AllToAll, t, count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(OpType::AllToAll, t, count, o);
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = p.out_blocks = static_cast<std::uint64_t>(size());
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr alltoallv(const void* in, const std::vector<std::uint64_t>& send, void* out,
                     const std::vector<std::uint64_t>& recv, DType t, const CallOptions& o) override {
@@ -125,8 +119,7 @@ class CommImpl final : public Communicator {
     for (auto v : send) total_send += v;
     for (auto v : recv) total_recv += v;
     // count stays 0: totals differ per rank by design; the daemon cross-checks the tables.
-    auto op = plan(OpType::AllToAll, t, 0, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(OpType::AllToAll, t, 0, o);
     p.unchunked = true;
     p.base.flags |= ipc::kFlagSplits;
     p.in = static_cast<const std::byte*>(in);
@@ -139,54 +132,49 @@ class CommImpl final : public Communicator {
     for (auto v : recv) table.push_back(static_cast<std::int64_t>(v));
     p.aux.resize(table.size() * sizeof(std::int64_t));
     std::memcpy(p.aux.data(), table.data(), p.aux.size());
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr barrier(const CallOptions& o) override {
-    auto op = plan(OpType::Barrier, DType::UInt8, 0, o);
-    return go(std::move(op), o);
+    OpPlan p = plan(OpType::Barrier, DType::UInt8, 0, o);
+    return go(std::move(p), o);
   }
   WorkPtr send(const void* buf, std::uint64_t count, DType t, int peer, int tag, const CallOptions& o) override {
-    auto op = plan_p2p(OpType::Send, t, count, peer, tag, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan_p2p(OpType::Send, t, count, peer, tag, o);
     p.in = static_cast<const std::byte*>(buf);
     p.in_blocks = 1;
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr recv(void* buf, std::uint64_t count, DType t, int peer, int tag, const CallOptions& o) override {
-    auto op = plan_p2p(OpType::Recv, t, count, peer, tag, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan_p2p(OpType::Recv, t, count, peer, tag, o);
     p.out = static_cast<std::byte*>(buf);
     p.out_blocks = 1;
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr gather(const void* in, void* out, std::uint64_t count, DType t, int root, const CallOptions& o) override {
-    auto op = plan(OpType::Gather, t, count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(OpType::Gather, t, count, o);
     check_root(root);
     p.base.root = root;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = 1;
     p.out_blocks = rank_ == root ? static_cast<std::uint64_t>(size()) : 0;
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
   WorkPtr scatter(const void* in, void* out, std::uint64_t count, DType t, int root, const CallOptions& o) override {
-    auto op = plan(OpType::Scatter, t, count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(OpType::Scatter, t, count, o);
     check_root(root);
     p.base.root = root;
     p.in = static_cast<const std::byte*>(in);
     p.out = static_cast<std::byte*>(out);
     p.in_blocks = rank_ == root ? static_cast<std::uint64_t>(size()) : 0;
     p.out_blocks = 1;
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
 
   WorkPtr device_op(const DeviceCall& c, const CallOptions& o) override {
     const bool p2p = is_p2p(c.op);
     const bool splits = c.op == OpType::AllToAll && !c.splits.empty();
-    auto op = p2p ? plan_p2p(c.op, c.dtype, c.count, c.root, c.tag, o) : plan(c.op, c.dtype, splits ? 0 : c.count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = p2p ? plan_p2p(c.op, c.dtype, c.count, c.root, c.tag, o) : plan(c.op, c.dtype, splits ? 0 : c.count, o);
     if (c.op == OpType::Broadcast || c.op == OpType::Reduce || c.op == OpType::Gather || c.op == OpType::Scatter) {
       check_root(c.root);
       p.base.root = c.root;
@@ -235,7 +223,7 @@ class CommImpl final : public Communicator {
       p.aux.resize(table.size() * sizeof(std::int64_t));
       std::memcpy(p.aux.data(), table.data(), p.aux.size());
     }
-    return go(std::move(op), o);
+    return go(std::move(p), o);
   }
 
   // Used by create_communicator: the CommCreate request rides the same machinery.
@@ -265,13 +253,12 @@ class CommImpl final : public Communicator {
                   "root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(size()));
   }
 
-  // A new op of this communicator, its plan filled in with what every collective shares; the
-  // caller fills in the rest of it in place (the plan is about 500 bytes: moving it cost more
-  // than the rest of building it).
-  std::shared_ptr<OpState> plan(OpType type, DType t, std::uint64_t count, const CallOptions& o) {
+  // A new op's plan, filled in with what every collective of this communicator shares; the
+  // caller fills in the rest (returned in place: the plan is about 600 bytes). Only an op that
+  // does not finish within its call gets an OpState (ClientImpl::submit).
+  OpPlan plan(OpType type, DType t, std::uint64_t count, const CallOptions& o) {
     if (static_cast<int>(t) >= ipc::kDTypeCount) throw Error(Status::InvalidRequest, "unknown dtype");
-    auto op = std::make_shared<OpState>(client_, o.timeout.count() > 0 ? o.timeout : timeout_);
-    OpPlan& p = op->plan();
+    OpPlan p;
     p.base.op = type;
     p.base.dtype = t;
     p.base.comm_id = id_;
@@ -287,22 +274,20 @@ class CommImpl final : public Communicator {
         64, std::min(client_->chunk_bytes(), client_->arena_bytes() / 4));
     p.chunk = mult ? std::max<std::uint64_t>(1, budget / (mult * e)) : 1;
     p.chunk = p.chunk > 64 ? p.chunk / 64 * 64 : p.chunk;
-    return op;
+    return p;
   }
 
-  std::shared_ptr<OpState> plan_p2p(OpType type, DType t, std::uint64_t count, int peer, int tag, const CallOptions& o) {
+  OpPlan plan_p2p(OpType type, DType t, std::uint64_t count, int peer, int tag, const CallOptions& o) {
     if (peer < 0 || peer >= size() || peer == rank_)
       throw Error(Status::InvalidRequest, "peer " + std::to_string(peer) + " is not another rank of this group of " +
                                               std::to_string(size()));
-    auto op = plan(type, t, count, o);
-    OpPlan& p = op->plan();
+    OpPlan p = plan(type, t, count, o);
     p.base.root = peer;
     p.base.tag = tag;
-    return op;
+    return p;
   }
 
-  WorkPtr go(std::shared_ptr<OpState>&& op, const CallOptions& o) {
-    OpPlan& p = op->plan();
+  WorkPtr go(OpPlan&& p, const CallOptions& o) {
     if (o.copier) {
       if (p.device) throw Error(Status::InvalidRequest, "a GPU-path request has no staging to copy through");
       p.copier = o.copier;
@@ -312,8 +297,9 @@ class CommImpl final : public Communicator {
       p.base.flags |= ipc::kFlagRail;
       p.ordered_by_caller = true;
     }
-    p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(op->timeout().count(), UINT32_MAX));
-    return client_->submit(std::move(op), seq_.get());
+    const auto timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
+    p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(timeout.count(), UINT32_MAX));
+    return client_->submit(client_, std::move(p), timeout, seq_.get());
   }
 
  public:

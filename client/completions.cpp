@@ -371,16 +371,41 @@ void ClientImpl::progress_thread() {
 static_assert(sizeof(OpState) <= 1016, "an OpState no longer fits glibc's per-thread cache");
 #endif
 
-OpState::OpState(std::shared_ptr<ClientImpl> client, std::chrono::milliseconds timeout)
-    : client_(std::move(client)), timeout_(timeout) {
+namespace {
+
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
   // The coarse clock (a few ms behind, no TSC read): a deadline seconds away does not need
   // the precise one, and every small op pays for the read.
   timespec ts{};
   ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   static_assert(std::is_same_v<Clock, std::chrono::steady_clock>, "steady_clock is CLOCK_MONOTONIC on Linux");
-  deadline_ = Clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)) + timeout +
-              kBackstop;
+  return Clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)) + timeout +
+         kBackstop;
 }
+
+class FinishedWork final : public Work {
+ public:
+  bool test() override { return true; }
+  void wait(std::chrono::milliseconds) override {}
+  bool done() const override { return true; }
+  Status status() const override { return Status::Ok; }
+  std::string error() const override { return {}; }
+  void on_complete(std::function<void()> cb) override { cb(); }
+};
+constinit FinishedWork finished;
+
+}  // namespace
+
+WorkPtr finished_work() {
+  // An aliasing pointer that owns nothing: copying and dropping it touch no reference count.
+  return WorkPtr(WorkPtr(), &finished);
+}
+
+OpState::OpState(std::shared_ptr<ClientImpl> client, std::chrono::milliseconds timeout)
+    : client_(std::move(client)), timeout_(timeout), deadline_(deadline_after(timeout)) {}
+
+OpState::OpState(std::shared_ptr<ClientImpl> client, std::chrono::milliseconds timeout, OpPlan&& plan)
+    : client_(std::move(client)), plan_(std::move(plan)), timeout_(timeout), deadline_(deadline_after(timeout)) {}
 
 void OpState::planned() {
   if (!plan_.unchunked && plan_.block > 0) nchunks_ = (plan_.block + plan_.chunk - 1) / plan_.chunk;

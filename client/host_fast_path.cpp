@@ -46,7 +46,7 @@ bool ClientImpl::submit_fast_locked(const std::shared_ptr<OpState>& op, Deferred
   return op->fast_published_;
 }
 
-void ClientImpl::ring_members(const OpState& op) const {
+void ClientImpl::ring_members(const OpPlan& p) const {
   // Where the ranks have cores of their own only members that sleep on their bell (or are about
   // to) are rung: a ring of every bell cost a locked add on a line the other members' rings take
   // too (95 ns an op with 2 ranks, 400 with 4, in a probe of the exchange alone). Where they
@@ -54,7 +54,7 @@ void ClientImpl::ring_members(const OpState& op) const {
   // 1.3-1.6 us an 8 B all-reduce of 2 ranks on 2 vCPUs; why is not known).
   const bool every = yield_between_polls_;
   if (!every) ipc::Doorbell::order_before_sleeper_checks();  // this rank's writes come first
-  for (int s : op.plan_.comm_state->fast_slots) {
+  for (int s : p.comm_state->fast_slots) {
     if (s == local_rank_) continue;
     auto& bell = segment_.slot(s).client_bell;
     if (every || bell.has_sleepers()) bell.ring();
@@ -81,7 +81,7 @@ void ClientImpl::fail_fast_locked(OpState& op, Status s, const std::string& why,
   auto& given_up = slot_.fast_done[lane].given_up;
   if (const auto g = given_up.load(std::memory_order_relaxed); g == 0 || g > k)
     given_up.store(k, std::memory_order_release);
-  ring_members(op);
+  ring_members(op.plan_);
   finish_locked(op, callbacks);
   for (auto& later : fast_) {
     if (later->done() || later->plan_.fast_lane != lane || later->plan_.fast_k <= k) continue;
@@ -137,7 +137,18 @@ int ClientImpl::missing_cell(const OpPlan& p) const {
 }
 
 void ClientImpl::publish_fast_locked(OpState& op) {
-  const OpPlan& p = op.plan_;
+  published(op, publish_cell_locked(op.plan_, op.in_span_, op.out_span_));
+}
+
+void ClientImpl::published(OpState& op, std::uint64_t request) {
+  op.fast_published_ = true;
+  // Its input is read (copied into the cell): later ops may write over it. By single copy only
+  // once the op is done.
+  if (!op.plan_.fast_single_copy) op.next_ = op.nchunks_;
+  op.fast_request_ = request;
+}
+
+std::uint64_t ClientImpl::publish_cell_locked(OpPlan& p, std::uint64_t in_span, std::uint64_t out_span) {
   const int lane = p.fast_lane;
   const std::uint64_t k = p.fast_k;
   auto& cell = segment_.fast_cell(local_rank_, lane, k);
@@ -146,10 +157,10 @@ void ClientImpl::publish_fast_locked(OpState& op) {
   if (p.fast_single_copy) {
     const std::byte* source = p.in;
     // The spans the op's memory order already measured: what it reads of p.in, writes of p.out.
-    if (bytes && !host_fast::input_stays_put(p.base.op, p.base.count, p.base.dtype, p.group_rank, p.in, op.in_span_,
-                                             p.out, op.out_span_)) {
-      op.plan_.aux.assign(p.in, p.in + bytes);
-      source = op.plan_.aux.data();
+    if (bytes && !host_fast::input_stays_put(p.base.op, p.base.count, p.base.dtype, p.group_rank, p.in, in_span,
+                                             p.out, out_span)) {
+      p.aux.assign(p.in, p.in + bytes);
+      source = p.aux.data();
     }
     cell.by_address = 1;
     ipc::Segment::set_fast_address(cell, reinterpret_cast<std::uintptr_t>(source));
@@ -168,20 +179,16 @@ void ClientImpl::publish_fast_locked(OpState& op) {
   cell.reduce_op = p.base.reduce_op;
   cell.tag.store(k, std::memory_order_release);
   fast_published_[static_cast<std::size_t>(lane)] = k;
-  op.fast_published_ = true;
-  // Its input is read (copied into the cell): later ops may write over it. By single copy only
-  // once the op is done.
-  if (!p.fast_single_copy) op.next_ = op.nchunks_;
-  // The members are rung by the caller (advance_fast_locked), once if it also reads the op in
-  // the same pass.
+  // The members are rung by the caller (advance_fast_locked, run_fast_now_locked), once if it
+  // also reads the op in the same pass.
   // The daemon hears of it without being woken: it needs the request only to check it.
-  op.fast_request_ = next_request_id_++;
+  const std::uint64_t request = next_request_id_++;
   // The call's fields only: the daemon only checks it, and clears the buffer fields it finds
   // (ipc::kFlagHostFast). Writing them too took 7 cache lines of the ring an op instead of 2,
   // each pulled back from the daemon, which read it the last time round.
   const auto fill = [&](ipc::RequestDesc& d) {
     std::memcpy(static_cast<void*>(&d), &p.base, offsetof(ipc::RequestDesc, input));
-    d.request_id = op.fast_request_;
+    d.request_id = request;
     d.flags |= ipc::kFlagHostFast | (p.fast_single_copy ? ipc::kFlagSingleCopy : 0);
     d.chunk_offset = 0;
     d.chunk_count = d.count;
@@ -209,11 +216,47 @@ void ClientImpl::publish_fast_locked(OpState& op) {
       work_cv_.notify_one();
     }
   }
+  return request;
+}
+
+ClientImpl::FastNow ClientImpl::run_fast_now_locked(OpPlan& p, std::uint64_t& request) {
+  // Only on an idle client: anything before it (on its lane, on memory it touches, answers and
+  // requests the progress steps would move) is the general path's to order, and no call but
+  // this one's drives the client meanwhile.
+  if (p.fast_single_copy || active_ != 0 || !outbox_.empty() || !share_waits_.empty() || !read_held_.empty() ||
+      !draining_.empty() || !slot_.completions.empty() || !retire_touches_locked())
+    return FastNow::NotStarted;
+  const int lane = p.fast_lane;
+  const std::uint64_t k = p.fast_k;
+  if (fast_published_[static_cast<std::size_t>(lane)] != k - 1) return FastNow::NotStarted;
+  if (slot_.fast_done[lane].given_up.load(std::memory_order_relaxed) != 0) return FastNow::NotStarted;
+  // Its cell last held number k - 2 (look_fast_locked's Publish).
+  if (k > 2)
+    for (int s : p.comm_state->fast_slots)
+      if (!member_done(s, lane, k - 2)) return FastNow::NotStarted;
+  request = publish_cell_locked(p, 0, 0);
+  if (missing_cell(p) >= 0) {
+    // The members may sleep waiting for this cell. Where the ranks share cores a spin only
+    // keeps the core from the member it waits for.
+    ring_members(p);
+    if (yield_between_polls_ || !ipc::spin_for([&] { return missing_cell(p) < 0; }, kFastNowSpin, false))
+      return FastNow::Published;
+  }
+  try {
+    if (!read_fast_locked(p)) return FastNow::Published;  // the general path asks the daemon to name the calls
+  } catch (const std::exception&) {
+    return FastNow::Published;  // the general path reads it again and fails it with the reason
+  }
+  slot_.fast_done[lane].k.store(k, std::memory_order_release);
+  // As advance_fast_locked after a read: the cell of the next number, asked for owned.
+  ipc::prefetch_lines<true>(&segment_.fast_cell(local_rank_, lane, k + 1),
+                            offsetof(ipc::FastCell, input) + p.fast_largest_input);
+  ring_members(p);
+  return FastNow::Done;
 }
 
 // Reads op's output from the members' cells; false when the cells hold different calls.
-bool ClientImpl::read_fast_locked(OpState& op) {
-  const OpPlan& p = op.plan_;
+bool ClientImpl::read_fast_locked(const OpPlan& p) {
   const auto& slots = p.comm_state->fast_slots;
   std::array<ipc::FastCell*, ipc::kMaxLocalRanks> cells{};
   for (std::size_t m = 0; m < slots.size(); ++m) cells[m] = &segment_.fast_cell(slots[m], p.fast_lane, p.fast_k);
@@ -304,7 +347,7 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           break;
         case FastLook::Read:
           try {
-            if (!read_fast_locked(op)) {
+            if (!read_fast_locked(op.plan_)) {
               // The daemon's matcher names every rank's call; its answer fails the op (complete_locked).
               h.daemon_bell.ring();
               op.fast_mismatch_ = true;
@@ -340,7 +383,7 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           break;
       }
     }
-    if (ring) ring_members(op);
+    if (ring) ring_members(op.plan_);
   }
   if (job_failed)
     for (auto& op : fast_)

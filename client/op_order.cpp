@@ -12,12 +12,18 @@ bool overlap(std::uintptr_t a, std::uint64_t an, std::uintptr_t b, std::uint64_t
 }
 }  // namespace
 
-void ClientImpl::note_order_locked(const std::shared_ptr<OpState>& op) {
+bool ClientImpl::retire_touches_locked() {
+  if (touching_.empty()) return true;
   // Entries whose copies are over order nothing any more.
   std::erase_if(touching_, [](const Touch& t) {
     return !t.op && (!t.copier || (t.copier->passed(StagingCopier::Lane::In, t.last_in) &&
                                    t.copier->passed(StagingCopier::Lane::Out, t.last_out)));
   });
+  return touching_.empty();
+}
+
+void ClientImpl::note_order_locked(const std::shared_ptr<OpState>& op) {
+  retire_touches_locked();
   if (op->in_span_ == 0 && op->out_span_ == 0) return;
   Touch me;
   me.in = reinterpret_cast<std::uintptr_t>(op->plan_.in);

@@ -355,6 +355,69 @@ TEST(HostFast, FinishesWithoutTheDaemonsAnswer) {
   j.daemon.release_held();
 }
 
+// One thread drives both ranks: a call returns within its bounded wait whether or not the other
+// member came. The rank that comes second finds the first one's cell and finishes within its
+// call: its Work is done when the call returns (no OpState: ClientImpl::run_fast_now_locked); the
+// first one's call left a Work the wait finishes. The daemon heard of both.
+void a_call_that_finds_every_member_there_finishes_within_it(Spin spin) {
+  Job j(2, spin);
+  auto w0 = j.ranks[0]->world();
+  auto w1 = j.ranks[1]->world();
+  j.daemon.settle();
+  const std::size_t before = j.fast_requests();
+  for (int i = 0; i < 3; ++i) {
+    const float x0 = 1.f + i, x1 = 10.f;
+    float y0 = 0, y1 = 0;
+    auto first = w0->allreduce(&x0, &y0, 1, DType::Float32, ReduceOp::Sum);
+    EXPECT_FALSE(first->done()) << i;  // rank 1 has not called yet
+    auto second = w1->allreduce(&x1, &y1, 1, DType::Float32, ReduceOp::Sum);
+    ASSERT_TRUE(second->done()) << i;
+    EXPECT_TRUE(second->test());
+    EXPECT_EQ(second->status(), Status::Ok);
+    EXPECT_EQ(second->error(), "");
+    EXPECT_EQ(y1, 11.f + i);
+    bool called = false;
+    second->on_complete([&] { called = true; });
+    EXPECT_TRUE(called);
+    second->wait();
+    first->wait(5000ms);
+    EXPECT_EQ(y0, 11.f + i);
+  }
+  j.daemon.settle();
+  EXPECT_EQ(j.fast_requests(), before + 6);
+}
+
+TEST(HostFast, ACallThatFindsEveryMemberThereFinishesWithinIt) {
+  a_call_that_finds_every_member_there_finishes_within_it(Spin::Machine);
+}
+
+TEST(HostFast, ACallThatFindsEveryMemberThereFinishesWithinItWithACoreEach) {
+  a_call_that_finds_every_member_there_finishes_within_it(Spin::CoreEach);
+}
+
+// A call issued while an earlier one on its memory is unfinished does not finish within the
+// call, though its members are all there: it reads what the earlier one writes, after it.
+TEST(HostFast, ACallBehindAnUnfinishedOneOnItsMemoryWaitsForIt) {
+  Job j(2, Spin::CoreEach);
+  auto w0 = j.ranks[0]->world();
+  auto w1 = j.ranks[1]->world();
+  float a0 = 1, a1 = 2, b1 = 5, y1 = 0;
+  float x0 = 0;  // rank 0: the first call writes x0, the second reads it
+  float out0 = 0;
+  auto first = w0->allreduce(&a0, &x0, 1, DType::Float32, ReduceOp::Sum);
+  ASSERT_FALSE(first->done());
+  auto second = w0->allreduce(&x0, &out0, 1, DType::Float32, ReduceOp::Sum);
+  EXPECT_FALSE(second->done());
+  w1->allreduce(&a1, &y1, 1, DType::Float32, ReduceOp::Sum)->wait(5000ms);
+  EXPECT_EQ(y1, 3.f);
+  w1->allreduce(&b1, &y1, 1, DType::Float32, ReduceOp::Sum)->wait(5000ms);
+  first->wait(5000ms);
+  second->wait(5000ms);
+  EXPECT_EQ(x0, 3.f);
+  EXPECT_EQ(out0, 8.f);  // 3 (the first call's output) + 5
+  EXPECT_EQ(y1, 8.f);
+}
+
 TEST(HostFast, AsynchronousOpsReuseTheCellsInOrderAndCallBackWithoutWait) {
   Job j(3);
   constexpr int kOps = 40;
