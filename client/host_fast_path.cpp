@@ -258,7 +258,8 @@ ClientImpl::FastNow ClientImpl::run_fast_now_locked(OpPlan& p, std::uint64_t& re
 // Reads op's output from the members' cells; false when the cells hold different calls.
 bool ClientImpl::read_fast_locked(const OpPlan& p) {
   const auto& slots = p.comm_state->fast_slots;
-  std::array<ipc::FastCell*, ipc::kMaxLocalRanks> cells{};
+  // Only the members' entries are filled and read: zeroing all 64 cost more than the reading.
+  std::array<ipc::FastCell*, ipc::kMaxLocalRanks> cells;
   for (std::size_t m = 0; m < slots.size(); ++m) cells[m] = &segment_.fast_cell(slots[m], p.fast_lane, p.fast_k);
   const auto members = std::span<ipc::FastCell* const>(cells.data(), slots.size());
   const auto& mine = *cells[static_cast<std::size_t>(p.group_rank)];
