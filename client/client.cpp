@@ -220,6 +220,19 @@ ClientImpl::~ClientImpl() {
   slot_.state.compare_exchange_strong(reg, static_cast<std::uint32_t>(ipc::SlotState::Exited));
 }
 
+void ClientImpl::wait_for_outbox_room(std::unique_lock<std::mutex>& lk) {
+  Deferred callbacks;
+  while (outbox_fast_ >= kOutboxFastLimit && dead_.empty() && !detached_) {
+    progress_locked(callbacks);  // pushes what the ring takes, and rings the daemon
+    const bool full = outbox_fast_ >= kOutboxFastLimit;
+    if (full) check_liveness_locked(callbacks);  // a stalled daemon fails the client here
+    lk.unlock();
+    run(callbacks);
+    if (full) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    lk.lock();
+  }
+}
+
 void ClientImpl::hand_over_outbox() {
   // The daemon drains a ring within microseconds of its bell: seconds is a daemon that stopped.
   constexpr auto kHandOverLimit = std::chrono::seconds(5);
@@ -227,9 +240,7 @@ void ClientImpl::hand_over_outbox() {
   const auto until = Clock::now() + kHandOverLimit;
   Deferred callbacks;
   // Only fast requests are waited for: a detach fails the staged chunks of ops still running.
-  const auto fast_left = [&] {
-    return std::any_of(outbox_.begin(), outbox_.end(), [](const Staged& s) { return !s.inflight.op; });
-  };
+  const auto fast_left = [&] { return outbox_fast_ > 0; };
   std::unique_lock lk(mu_);
   while (fast_left()) {
     flush_outbox_locked(callbacks);
@@ -294,7 +305,8 @@ WorkPtr ClientImpl::submit(const std::shared_ptr<ClientImpl>& self, OpPlan&& pla
   bool wake = true;
   std::shared_ptr<OpState> op;
   {
-    std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_);
+    if (outbox_fast_ >= kOutboxFastLimit) wait_for_outbox_room(lk);
     check_usable_locked();
     const bool fast = seq && number_locked(plan, *seq);
     std::uint64_t request = 0;

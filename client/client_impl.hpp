@@ -30,6 +30,10 @@ inline constexpr auto kSpin = std::chrono::microseconds(50);
 // client's lock, before it leaves the op to the general wait: ranks in a loop of small calls
 // reach each other well within it; later ones cost an OpState, as before.
 inline constexpr auto kFastNowSpin = std::chrono::microseconds(5);
+// Host fast-path requests the outbox holds at most (about 2 MB) before a new call waits for the
+// daemon to take some: while the daemon stalls, a rank streaming small calls would grow it by
+// hundreds of MB a second until the stall is noticed (kHeartbeatStale).
+inline constexpr std::size_t kOutboxFastLimit = 16 * ipc::kRequestRingCapacity;
 inline constexpr auto kSlice = std::chrono::milliseconds(20);
 // How often an idle progress thread looks at the job's state while this rank's GPU work may
 // wait on its peers (a failure handler is set): a peer's death must release those waits even
@@ -390,6 +394,11 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
     bool seen = false;     // a spinning thread found its fence passed (copies_in_finished)
   };
   std::deque<Staged> outbox_;
+  std::size_t outbox_fast_ = 0;  // host fast-path requests in outbox_ (kOutboxFastLimit)
+  // Before a new call while outbox_fast_ is at kOutboxFastLimit: drives progress (which pushes
+  // what the ring takes) until it is below, the daemon is found dead (then the call fails as
+  // usual), or the client detached. Runs the callbacks it collects with the lock released.
+  void wait_for_outbox_room(std::unique_lock<std::mutex>& lk);
   // Host chunks the daemon answered with Sources (daemon/arena_sources.hpp): this rank copied
   // its output from the members' arenas, and its own region of the chunk stays theirs to read
   // until every reader's RankSlot::sources_done reached the number the daemon gave it.

@@ -185,6 +185,7 @@ void ClientImpl::fail_all_locked(Status s, const std::string& why, Deferred& cal
   // ones may still run: the client waits for them before the arena goes.
   for (auto& st : outbox_) drop_staged_locked(st, callbacks, false);
   outbox_.clear();
+  outbox_fast_ = 0;
   inflight_.clear();
   read_held_.clear();
 }

@@ -211,6 +211,7 @@ std::uint64_t ClientImpl::publish_cell_locked(OpPlan& p, std::uint64_t in_span, 
     ipc::RequestDesc d;
     fill(d);
     outbox_.push_back(Staged{d, Inflight{nullptr, 0, kNoRegion, 0}, 0});
+    ++outbox_fast_;
     if (first) {
       segment_.header().daemon_bell.ring();
       work_cv_.notify_one();

@@ -115,6 +115,7 @@ bool ClientImpl::flush_outbox_locked(Deferred& callbacks) {
       if (!slot_.requests.try_push(it->desc)) break;
       pushed = true;
       it = outbox_.erase(it);
+      --outbox_fast_;
       continue;
     }
     OpState& op = *it->inflight.op;

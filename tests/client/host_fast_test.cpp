@@ -17,6 +17,7 @@
 
 #include <csignal>
 
+#include "client/client_impl.hpp"
 #include "client/host_fast.hpp"
 #include "ipc/cross_memory.hpp"
 #include "fake_daemon.hpp"
@@ -215,6 +216,48 @@ TEST(HostFast, RequestsLeftInTheOutboxReachTheDaemonWhenTheClientEnds) {
   EXPECT_EQ(j.daemon.segment().slot(0).state.load(), static_cast<std::uint32_t>(ipc::SlotState::Exited));
   j.daemon.settle();
   EXPECT_EQ(j.fast_requests(), before + kOps);
+}
+
+// While the daemon takes no requests, a rank's outbox of fast requests stops at kOutboxFastLimit:
+// the next call waits for the daemon, and goes on once the daemon drains the ring again.
+TEST(HostFast, AStalledDaemonHoldsACallerAtTheOutboxLimit) {
+  Job j(1, Spin::CoreEach);
+  j.daemon.set_policy([](const ipc::RequestDesc& d, std::size_t) {
+    Answer a;
+    if (d.flags & ipc::kFlagHostFast) a.kind = Answer::Hold;
+    return a;
+  });
+  j.daemon.settle();
+  const std::size_t before = j.fast_requests();
+  j.daemon.pause_rings(true);
+  const std::size_t room = ipc::kRequestRingCapacity + smddp::client::kOutboxFastLimit;
+  std::atomic<std::size_t> returned{0};
+  std::thread caller([&] {
+    auto w = j.ranks[0]->world();
+    const float x = 1;
+    float y = 0;
+    for (std::size_t i = 0; i < room + 10; ++i) {
+      w->allreduce(&x, &y, 1, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+      returned.fetch_add(1);
+    }
+  });
+  // Until the count stops moving (200 ms), or 10 s.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  for (std::size_t last = ~std::size_t{0}; returned.load() != last && std::chrono::steady_clock::now() < until;) {
+    last = returned.load();
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_EQ(returned.load(), room);
+  j.daemon.pause_rings(false);
+  caller.join();
+  EXPECT_EQ(returned.load(), room + 10);
+  // The rest reach the daemon as the progress thread pushes them (a ring at a time).
+  const auto drained = std::chrono::steady_clock::now() + 10s;
+  while (j.fast_requests() < before + room + 10 && std::chrono::steady_clock::now() < drained) {
+    j.daemon.settle();
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(j.fast_requests(), before + room + 10);
 }
 
 // A sum of a few elements skips the kernels' dispatch: the same results, integers wrapping as
