@@ -186,11 +186,9 @@ TEST(HostFast, InputsAroundTheCellsFirstLineLandWhole) {
   EXPECT_EQ(j.fast_requests(), 2 * (3 * (ipc::kFastInlineBytes + 17) + 1));  // every one fast
 }
 
-// Fast requests that found the daemon's ring full wait in the outbox, without their ops (long
-// done): a client that ends hands them over as the daemon drains the ring, and ends.
-TEST(HostFast, RequestsLeftInTheOutboxReachTheDaemonWhenTheClientEnds) {
-  Job j(1, Spin::CoreEach);
-  // As the daemon: no answer to a fast request (the client that would take it is gone).
+// As the daemon: no answer to a fast request (the client that would take it may be gone); then
+// it stops taking requests (a busy daemon). Returns the fast requests it took before.
+std::size_t stop_taking_requests(Job& j) {
   j.daemon.set_policy([](const ipc::RequestDesc& d, std::size_t) {
     Answer a;
     if (d.flags & ipc::kFlagHostFast) a.kind = Answer::Hold;
@@ -199,6 +197,14 @@ TEST(HostFast, RequestsLeftInTheOutboxReachTheDaemonWhenTheClientEnds) {
   j.daemon.settle();
   const std::size_t before = j.fast_requests();
   j.daemon.pause_rings(true);
+  return before;
+}
+
+// Fast requests that found the daemon's ring full wait in the outbox, without their ops (long
+// done): a client that ends hands them over as the daemon drains the ring, and ends.
+TEST(HostFast, RequestsLeftInTheOutboxReachTheDaemonWhenTheClientEnds) {
+  Job j(1, Spin::CoreEach);
+  const std::size_t before = stop_taking_requests(j);
   constexpr std::size_t kOps = ipc::kRequestRingCapacity + 40;
   {
     auto w = j.ranks[0]->world();
@@ -222,14 +228,7 @@ TEST(HostFast, RequestsLeftInTheOutboxReachTheDaemonWhenTheClientEnds) {
 // the next call waits for the daemon, and goes on once the daemon drains the ring again.
 TEST(HostFast, AStalledDaemonHoldsACallerAtTheOutboxLimit) {
   Job j(1, Spin::CoreEach);
-  j.daemon.set_policy([](const ipc::RequestDesc& d, std::size_t) {
-    Answer a;
-    if (d.flags & ipc::kFlagHostFast) a.kind = Answer::Hold;
-    return a;
-  });
-  j.daemon.settle();
-  const std::size_t before = j.fast_requests();
-  j.daemon.pause_rings(true);
+  const std::size_t before = stop_taking_requests(j);
   const std::size_t room = ipc::kRequestRingCapacity + smddp::client::kOutboxFastLimit;
   std::atomic<std::size_t> returned{0};
   std::thread caller([&] {
