@@ -300,7 +300,7 @@ std::shared_ptr<OpState> ClientImpl::submit(std::shared_ptr<OpState>&& op) {
 }
 
 WorkPtr ClientImpl::submit(const std::shared_ptr<ClientImpl>& self, OpPlan&& plan, std::chrono::milliseconds timeout,
-                           SeqState* seq) {
+                           SeqState& seq) {
   Deferred callbacks;
   bool wake = true;
   std::shared_ptr<OpState> op;
@@ -308,7 +308,7 @@ WorkPtr ClientImpl::submit(const std::shared_ptr<ClientImpl>& self, OpPlan&& pla
     std::unique_lock lk(mu_);
     if (outbox_fast_ >= kOutboxFastLimit) wait_for_outbox_room(lk);
     check_usable_locked();
-    const bool fast = seq && number_locked(plan, *seq);
+    const bool fast = number_locked(plan, seq);
     std::uint64_t request = 0;
     const FastNow now = fast ? run_fast_now_locked(plan, request) : FastNow::NotStarted;
     // No OpState, no memory-order entry, no queue: each cost more than the exchange itself.

@@ -26,6 +26,7 @@ using Clock = std::chrono::steady_clock;
 // How long a waiting thread spins before it sleeps, and how long it sleeps at most between
 // looks at the daemon's liveness.
 inline constexpr auto kSpin = std::chrono::microseconds(50);
+inline constexpr auto kSlice = std::chrono::milliseconds(20);
 // How long a host fast-path call waits within the call for the members' cells, holding the
 // client's lock, before it leaves the op to the general wait: ranks in a loop of small calls
 // reach each other well within it; later ones cost an OpState, as before.
@@ -34,7 +35,6 @@ inline constexpr auto kFastNowSpin = std::chrono::microseconds(5);
 // daemon to take some: while the daemon stalls, a rank streaming small calls would grow it by
 // hundreds of MB a second until the stall is noticed (kHeartbeatStale).
 inline constexpr std::size_t kOutboxFastLimit = 16 * ipc::kRequestRingCapacity;
-inline constexpr auto kSlice = std::chrono::milliseconds(20);
 // How often an idle progress thread looks at the job's state while this rank's GPU work may
 // wait on its peers (a failure handler is set): a peer's death must release those waits even
 // when nothing is in flight on the CPU side.
@@ -230,7 +230,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // within the call (run_fast_now_locked) returns finished_work(), without an OpState; the others
   // become one, which holds `self`.
   WorkPtr submit(const std::shared_ptr<ClientImpl>& self, OpPlan&& plan, std::chrono::milliseconds timeout,
-                 SeqState* seq);
+                 SeqState& seq);
   // The same for an op that carries its number (CommCreate's 0) and goes to the daemon.
   std::shared_ptr<OpState> submit(std::shared_ptr<OpState>&& op);
   // Input bytes a fast cell holds (0: no host fast path on this node).
@@ -315,6 +315,8 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // Drops the memory-order entries of ops whose copies are over; true if none is left.
   bool retire_touches_locked();
   bool read_fast_locked(const OpPlan& p);  // false: the members' cells hold different calls
+  // After a read: this rank's cell of the op's next number, asked for owned.
+  void prefetch_next_cell(const OpPlan& p) const;
   // For waiting threads: whether a fast op can move now (takes the lock only if free).
   bool fast_ready();
   bool fast_ready_locked() const;
@@ -499,9 +501,9 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   bool flush_outbox_locked(Deferred& callbacks);
   // At the end (detach, destruction): pushes the host fast-path requests the outbox still holds
   // (and what is queued before them), waiting for ring space while the daemon lives (up to
-  // kHandOverLimit). They outlive their
-  // ops, done long ago; lost, the daemon would count the rank's collectives short and fail the
-  // other members' matching requests as waiting for a rank that exited.
+  // kHandOverLimit). They outlive their ops, done long ago; lost, the daemon would count the
+  // rank's collectives short and fail the other members' matching requests as waiting for a
+  // rank that exited.
   void hand_over_outbox();
   // Posts `s` at once when nothing waits before it and it has no copies to wait for, else
   // queues it in the outbox.

@@ -299,7 +299,7 @@ class CommImpl final : public Communicator {
     }
     const auto timeout = o.timeout.count() > 0 ? o.timeout : timeout_;
     p.base.timeout_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(timeout.count(), UINT32_MAX));
-    return client_->submit(client_, std::move(p), timeout, seq_.get());
+    return client_->submit(client_, std::move(p), timeout, *seq_);
   }
 
  public:

@@ -249,11 +249,16 @@ ClientImpl::FastNow ClientImpl::run_fast_now_locked(OpPlan& p, std::uint64_t& re
     return FastNow::Published;  // the general path reads it again and fails it with the reason
   }
   slot_.fast_done[lane].k.store(k, std::memory_order_release);
-  // As advance_fast_locked after a read: the cell of the next number, asked for owned.
-  ipc::prefetch_lines<true>(&segment_.fast_cell(local_rank_, lane, k + 1),
-                            offsetof(ipc::FastCell, input) + p.fast_largest_input);
+  prefetch_next_cell(p);
   ring_members(p);
   return FastNow::Done;
+}
+
+void ClientImpl::prefetch_next_cell(const OpPlan& p) const {
+  // The others have read it by now where the calls come one after the other: asked for owned
+  // before the next publish stores to it (as many lines as this op's input took).
+  ipc::prefetch_lines<true>(&segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k + 1),
+                            offsetof(ipc::FastCell, input) + p.fast_largest_input);
 }
 
 // Reads op's output from the members' cells; false when the cells hold different calls.
@@ -369,13 +374,7 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
             again = true;
             break;
           }
-          {
-            // This rank's cell of the next number, which the others have read by now where the
-            // calls come one after the other: asked for owned before that publish stores to it
-            // (as many lines as this op's input took).
-            auto& next = segment_.fast_cell(local_rank_, p.fast_lane, p.fast_k + 1);
-            ipc::prefetch_lines<true>(&next, offsetof(ipc::FastCell, input) + p.fast_largest_input);
-          }
+          prefetch_next_cell(p);
           finish_locked(op, callbacks);
           finished = true;
           break;
