@@ -3,6 +3,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/cli.cpp
   ${CMAKE_CURRENT_LIST_DIR}/config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/matcher.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/fast_ledger.cpp
   ${CMAKE_CURRENT_LIST_DIR}/wait_for.cpp
   ${CMAKE_CURRENT_LIST_DIR}/worker_pool.cpp
   ${CMAKE_CURRENT_LIST_DIR}/host_executor.cpp

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <ctime>
 #include <spdlog/spdlog.h>
@@ -121,6 +122,7 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
   if (config_.host_fast_bytes && layout_.num_nodes == 1) {
     // The world, when it is all on this node, takes lane 0.
     fast_lane_of_[0] = 0;
+    matcher_.open_fast_lane(0);
     for (auto& taken : fast_lanes_taken_) taken |= 1u;
   }
   ipc::ensure_socket_dir();
@@ -337,18 +339,24 @@ bool Daemon::poll_rings(Clock::time_point now) {
     }
     read_releases(s);
     ipc::RequestDesc d;
+    ipc::RequestDesc fast;  // a host fast-path request: its buffer fields stay empty
     for (int budget = 0; budget < 64; ++budget) {
-      const auto r = slot.requests.try_pop(d);
+      bool is_fast = false;
+      const auto r = slot.requests.try_pop_with([&](const ipc::RequestDesc& in) {
+        // A fast request's buffer fields were not written: they hold what an earlier request left
+        // there. Its call alone is 2 of the slot's 7 lines.
+        is_fast = (in.flags & ipc::kFlagHostFast) != 0;
+        if (is_fast) std::memcpy(static_cast<void*>(&fast), &in, offsetof(ipc::RequestDesc, input));
+        else d = in;
+      });
       if (r == ipc::SpscRing<ipc::RequestDesc, ipc::kRequestRingCapacity>::PopResult::Empty) break;
       if (r == ipc::SpscRing<ipc::RequestDesc, ipc::kRequestRingCapacity>::PopResult::Corrupt) {
         fail_job("rank " + std::to_string(slot.rank) + " corrupted its request ring", 1);
         break;
       }
       // The ranks' host fast path does not wait for its answer: no reason to spin for more.
-      if (!(d.flags & ipc::kFlagHostFast)) did = true;
-      // Its buffer fields were not written: they hold what an earlier request left there.
-      else d.input = d.output = d.aux = ipc::BufferRef{};
-      handle_request(s, d, now);
+      if (!is_fast) did = true;
+      handle_request(s, is_fast ? fast : d, now);
     }
   }
   return did;
@@ -385,6 +393,8 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
   auto& info = ranks_[static_cast<std::size_t>(slot)];
   info.last_seq = d.seq;
   ++info.pending;
+  if ((d.flags & ipc::kFlagHostFast) && job_error_.empty() && exited_slots_.empty() && post_host_fast(slot, d, now))
+    return;
   Posted p{slot, -1, d, now};
   if (!job_error_.empty()) return complete(p, Status::PeerFailed, job_error_);
 
@@ -429,7 +439,7 @@ void Daemon::handle_request(int slot, const ipc::RequestDesc& d, Clock::time_poi
                    segment_.slot(slot).rank, kInvalidLogged);
     return refuse(Status::InvalidRequest, *err);
   }
-  if ((d.flags & ipc::kFlagHostFast) && !fast_lane_of_.contains(d.comm_id))
+  if ((d.flags & ipc::kFlagHostFast) && !matcher_.fast_ledger(d.comm_id))
     return refuse(Status::InvalidRequest, "smddp: a host fast-path request on communicator " + std::to_string(d.comm_id) +
                                               ", which has no fast lane (its members are not all on one node, or the "
                                               "lanes ran out)");
@@ -503,20 +513,8 @@ void Daemon::resolve(std::vector<Match> matches) {
         m.status = Status::Mismatch;
         m.error = *err;
       } else {
-        ++collectives_done_;
-        ++host_fast_ops_;
-        if (m.posted.front().desc.flags & ipc::kFlagSingleCopy) ++host_single_copy_ops_;
-        for (const auto& p : m.posted) {
-          // The bytes each member's output received, as the daemon's own runs count them.
-          const auto want = ipc::expected_bytes(p.desc, m.comm->size(), p.group_rank);
-          const std::uint64_t bytes = want && want->output ? *want->output : 0;
-          bytes_moved_ += bytes;
-          bw_window_bytes_ += bytes;
-          // No answer: the ranks finished it already, and an answer per operation would fill the
-          // completion ring of a rank that posts many and then calls nothing for a while.
-          auto& info = ranks_[static_cast<std::size_t>(p.slot)];
-          if (info.pending) --info.pending;
-        }
+        const auto& d = m.posted.front().desc;
+        count_host_fast({(d.flags & ipc::kFlagSingleCopy) != 0, FastLedger::output_bytes(d, m.comm->size())}, *m.comm);
         continue;
       }
     }
@@ -613,6 +611,45 @@ void Daemon::resolve(std::vector<Match> matches) {
   }
 }
 
+bool Daemon::post_host_fast(int slot, const ipc::RequestDesc& d, Clock::time_point now) {
+  auto& info = ranks_[static_cast<std::size_t>(slot)];
+  if (!info.fast_ledger || info.fast_comm != d.comm_id) {
+    info.fast_ledger = matcher_.fast_ledger(d.comm_id);
+    info.fast_comm = d.comm_id;
+  }
+  FastLedger* ledger = info.fast_ledger;
+  if (!ledger) return false;
+  const int g = ledger->group_rank_of(slot);
+  if (g < 0) return false;
+  ipc::ValidationContext ctx;
+  ctx.arena_bytes = segment_.header().arena_bytes;
+  ctx.event_count = static_cast<int>(segment_.slot(slot).event_count.load(std::memory_order_acquire));
+  ctx.group_size = ledger->comm().size();
+  ctx.group_rank = g;
+  if (ipc::validate_request(d, ctx)) return false;
+  bool ran = false;
+  auto matches = matcher_.post_host_fast(*ledger, slot, g, d, now, ran);
+  if (ran) count_host_fast(ledger->ran(), ledger->comm());
+  if (!matches.empty()) resolve(std::move(matches));
+  return true;
+}
+
+void Daemon::count_host_fast(const FastLedger::Ran& ran, const Communicator& comm) {
+  ++collectives_done_;
+  ++host_fast_ops_;
+  if (ran.single_copy) ++host_single_copy_ops_;
+  // The bytes the members' outputs received, as the daemon's own runs count them.
+  bytes_moved_ += ran.output_bytes;
+  bw_window_bytes_ += ran.output_bytes;
+  // No answer: the ranks finished it already, and an answer per operation would fill the
+  // completion ring of a rank that posts many and then calls nothing for a while.
+  for (int s : comm.slots) {
+    if (s < 0) continue;
+    auto& info = ranks_[static_cast<std::size_t>(s)];
+    if (info.pending) --info.pending;
+  }
+}
+
 int Daemon::take_fast_lane(const Communicator& comm) {
   if (!config_.host_fast_bytes || comm.local_member_count() != comm.size()) return -1;
   if (auto it = fast_lane_of_.find(comm.id); it != fast_lane_of_.end()) return it->second;
@@ -622,6 +659,7 @@ int Daemon::take_fast_lane(const Communicator& comm) {
     if (taken & (1u << lane)) continue;
     for (int s : comm.slots) fast_lanes_taken_[static_cast<std::size_t>(s)] |= 1u << lane;
     fast_lane_of_[comm.id] = lane;
+    matcher_.open_fast_lane(comm.id);
     return lane;
   }
   return -1;  // its members' lanes are all taken: the daemon path

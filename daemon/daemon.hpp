@@ -89,6 +89,9 @@ class Daemon {
     std::uint64_t pending = 0;
     std::uint64_t released_read = 0;  // RankSlot::released_ids read so far
     std::uint64_t invalid = 0;        // its requests refused as invalid (logged: the first kInvalidLogged)
+    // The fast ledger of the communicator of its last host fast-path request (null: look it up).
+    std::uint64_t fast_comm = 0;
+    FastLedger* fast_ledger = nullptr;
   };
   // A rank that keeps posting invalid requests (a bug or a hostile process) would otherwise
   // flood the log with one warning each: thousands of lines that bury the job's own.
@@ -196,6 +199,12 @@ class Daemon {
   int take_fast_lane(const Communicator& comm);
   // A match of host fast-path requests: why they cannot have run together, or nullopt.
   std::optional<std::string> check_host_fast(const Match& m) const;
+  // A host fast-path request of a communicator with a fast lane, valid, in a job that has not
+  // failed and whose ranks are all there: its ledger takes it (most only count an operation the
+  // ranks ran). False: the general path takes it (and refuses it, naming why).
+  bool post_host_fast(int slot, const ipc::RequestDesc& d, Clock::time_point now);
+  // An operation the ranks of `comm` ran on the host fast path, checked.
+  void count_host_fast(const FastLedger::Ran& ran, const Communicator& comm);
   std::uint64_t rank_exec_ops_ = 0;
   std::uint64_t fast_ops_ = 0;  // of those, the ranks' fast path (kFlagRankFast)
 

@@ -11,21 +11,6 @@ using ipc::OpType;
 using ipc::RequestDesc;
 using ipc::Status;
 
-namespace {
-
-// The fields every member must agree on.
-bool same_signature(const RequestDesc& a, const RequestDesc& b) {
-  constexpr std::uint32_t kMustMatch = ipc::kFlagSdp | ipc::kFlagSplits;
-  if (a.op != b.op || a.dtype != b.dtype || a.count != b.count || a.chunk_offset != b.chunk_offset ||
-      a.chunk_count != b.chunk_count || (a.flags & kMustMatch) != (b.flags & kMustMatch))
-    return false;
-  if (reduces(a.op) && (a.reduce_op != b.reduce_op)) return false;
-  if (rooted(a.op) && a.root != b.root) return false;
-  return true;
-}
-
-}  // namespace
-
 std::string describe_call(const RequestDesc& d) {
   std::ostringstream s;
   s << ipc::to_string(d.op) << "(";
@@ -137,33 +122,48 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
     return out;
   }
 
+  if (FastLedger* ledger = fast_ledger(d.comm_id)) {
+    FastLedger::Outcome outcome;
+    if (d.flags & ipc::kFlagHostFast) {
+      if (post_to_ledger(*ledger, slot, group_rank, d, now, true, outcome, out)) return out;
+    } else {
+      leave_ledger(*ledger, d.seq, out);
+    }
+  }
+  post_collective(*comm, p, out);
+  return out;
+}
+
+void Matcher::post_collective(const Communicator& comm, const Posted& p, std::vector<Match>& out) {
+  const RequestDesc& d = p.desc;
   if (auto f = failed_seq(d.comm_id, d.seq)) {
-    out.push_back({comm, {p}, f->status, f->error});
-    return out;
+    out.push_back({&comm, {p}, f->status, f->error});
+    return;
   }
   CollKey key{d.comm_id, d.seq, d.chunk_offset};
   auto [it, fresh] = collectives_.try_emplace(key);
   auto& e = it->second;
   if (fresh) {
-    e.comm = comm;
-    e.by_rank.resize(static_cast<std::size_t>(comm->size()));
-    e.first = now;
+    e.comm = &comm;
+    e.by_rank.resize(static_cast<std::size_t>(comm.size()));
+    e.first = p.at;
     e.timeout = timeout_of(d);
   }
-  auto& cell = e.by_rank[static_cast<std::size_t>(group_rank)];
+  e.first = std::min(e.first, p.at);
+  auto& cell = e.by_rank[static_cast<std::size_t>(p.group_rank)];
   if (cell) {
-    out.push_back({comm, {p}, Status::InvalidRequest,
+    out.push_back({&comm, {p}, Status::InvalidRequest,
                    "rank posted " + describe_call(d) + " twice with seq " + std::to_string(d.seq)});
-    return out;
+    return;
   }
   cell = p;
   ++e.count;
   e.timeout = std::min(e.timeout, timeout_of(d));
   // Judged once every member posted, so a mismatch error names every rank's call. A group
   // across nodes is judged by the inter-node engine, on every member's call.
-  if (e.count == comm->local_member_count()) {
+  if (e.count == comm.local_member_count()) {
     Match m;
-    if (comm->local_member_count() == comm->size()) {
+    if (comm.local_member_count() == comm.size()) {
       m = check_signatures(e, key);
     } else {
       m = Match{e.comm, {}, Status::Ok, {}};
@@ -176,7 +176,71 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
     out.push_back(std::move(m));
     if (failed) fail_seq(d.comm_id, d.seq, Status::Mismatch, error, out);
   }
+}
+
+void Matcher::open_fast_lane(std::uint64_t comm_id) {
+  if (const Communicator* comm = find(comm_id))
+    ledgers_.try_emplace(comm_id, std::make_unique<FastLedger>(*comm, default_timeout_));
+}
+
+FastLedger* Matcher::fast_ledger(std::uint64_t comm_id) noexcept {
+  const auto it = ledgers_.find(comm_id);
+  return it == ledgers_.end() ? nullptr : it->second.get();
+}
+
+std::vector<Match> Matcher::post_host_fast(FastLedger& ledger, int slot, int group_rank, const RequestDesc& d,
+                                           Clock::time_point now, bool& ran) {
+  std::vector<Match> out;
+  FastLedger::Outcome outcome;
+  ran = false;
+  if (!post_to_ledger(ledger, slot, group_rank, d, now, false, outcome, out))
+    post_collective(ledger.comm(), Posted{slot, group_rank, d, now}, out);
+  else ran = outcome == FastLedger::Outcome::Ran;
   return out;
+}
+
+bool Matcher::post_to_ledger(FastLedger& ledger, int slot, int group_rank, const RequestDesc& d,
+                             Clock::time_point now, bool keep_ran, FastLedger::Outcome& outcome,
+                             std::vector<Match>& out) {
+  outcome = ledger.post(slot, group_rank, d, now, keep_ran);
+  switch (outcome) {
+    case FastLedger::Outcome::Kept:
+      return true;
+    case FastLedger::Outcome::Ran:
+      if (keep_ran) out.push_back({&ledger.comm(), ledger.take_finished(), Status::Ok, {}});
+      return true;
+    case FastLedger::Outcome::Disagree:
+      // The entries' own judgment names every call (or passes it on to the daemon's check of
+      // the fast-op numbers).
+      adopt(ledger.comm(), ledger.take_finished(), out);
+      return true;
+    case FastLedger::Outcome::Duplicate:
+      out.push_back({&ledger.comm(), {Posted{slot, group_rank, d, now}}, Status::InvalidRequest,
+                     "rank posted " + describe_call(d) + " twice with seq " + std::to_string(d.seq)});
+      return true;
+    case FastLedger::Outcome::ToMatcher:
+      break;
+  }
+  return false;
+}
+
+void Matcher::adopt(const Communicator& comm, std::vector<Posted> calls, std::vector<Match>& out) {
+  for (const Posted& p : calls) post_collective(comm, p, out);
+}
+
+void Matcher::adopt(FastLedger& ledger, std::vector<std::vector<Posted>> rows, std::vector<Match>& out) {
+  for (auto& calls : rows) adopt(ledger.comm(), std::move(calls), out);
+}
+
+void Matcher::leave_ledger(FastLedger& ledger, std::uint64_t seq, std::vector<Match>& out) {
+  ledger.note_elsewhere(seq);
+  if (auto calls = ledger.take(seq)) adopt(ledger.comm(), std::move(*calls), out);
+}
+
+std::size_t Matcher::pending_count() const noexcept {
+  std::size_t n = collectives_.size() + p2p_.size() + creates_.size();
+  for (const auto& [id, ledger] : ledgers_) n += ledger->rows();
+  return n;
 }
 
 Match Matcher::check_signatures(Entry& e, const CollKey& key) {
@@ -272,6 +336,8 @@ std::vector<Match> Matcher::post_create(int slot, const RequestDesc& d, std::vec
 std::vector<Match> Matcher::expire(Clock::time_point now, std::chrono::seconds stall_after,
                                    std::vector<StallInfo>& new_stalls) {
   std::vector<Match> out;
+  // Fast operations that wait this long are the entries' to time out and report.
+  for (auto& [id, ledger] : ledgers_) adopt(*ledger, ledger->take_aged(now), out);
   struct Failed {
     std::uint64_t comm, seq;
     std::string error;
@@ -381,6 +447,8 @@ std::vector<StallInfo> Matcher::stalls(Clock::time_point now, std::chrono::secon
 
 std::vector<Match> Matcher::fail_waiting_for(int slot, Status status, const std::string& error) {
   std::vector<Match> out;
+  for (auto& [id, ledger] : ledgers_)
+    if (const int g = ledger->group_rank_of(slot); g >= 0) adopt(*ledger, ledger->take_waiting_for(g), out);
   for (auto it = collectives_.begin(); it != collectives_.end();) {
     auto& e = it->second;
     auto g = e.comm->group_rank_of_slot(slot);
@@ -422,6 +490,7 @@ std::vector<Match> Matcher::fail_waiting_for(int slot, Status status, const std:
 std::vector<Match> Matcher::fail_sequence(std::uint64_t comm, std::uint64_t seq, Status status,
                                           const std::string& error) {
   std::vector<Match> out;
+  if (FastLedger* ledger = fast_ledger(comm)) leave_ledger(*ledger, seq, out);
   fail_seq(comm, seq, status, error, out);
   return out;
 }
@@ -431,6 +500,7 @@ std::vector<Match> Matcher::fail_partners(int group_rank, const RequestDesc& d, 
   std::vector<Match> out;
   if (d.op == OpType::CommCreate) return out;
   if (d.op != OpType::Send && d.op != OpType::Recv) {
+    if (FastLedger* ledger = fast_ledger(d.comm_id)) leave_ledger(*ledger, d.seq, out);
     fail_seq(d.comm_id, d.seq, status, error, out);
     return out;
   }
@@ -449,6 +519,7 @@ std::vector<Match> Matcher::fail_partners(int group_rank, const RequestDesc& d, 
 
 std::vector<Match> Matcher::fail_all(Status status, const std::string& error) {
   std::vector<Match> out;
+  for (auto& [id, ledger] : ledgers_) adopt(*ledger, ledger->take_all(), out);
   for (auto& [key, e] : collectives_) {
     Match m{e.comm, {}, status, error};
     for (auto& q : e.by_rank)

@@ -6,6 +6,10 @@
 // (op, dtype, count, chunk, reduce op, root, flags). Send/recv pair up by (comm, src, dst,
 // per-pair seq). Disagreement fails the collective on every member with one message naming
 // each rank's call; a failed seq stays failed, so chunks still in flight fail at once.
+//
+// A communicator with a host fast lane has a FastLedger: its fast requests (ipc::kFlagHostFast)
+// are lined up there first, cheaply, and leave for the matcher's entries (adopt) when they need
+// more than a count (daemon/fast_ledger.hpp).
 #pragma once
 
 #include <chrono>
@@ -18,19 +22,12 @@
 #include <vector>
 
 #include "daemon/communicator.hpp"
+#include "daemon/fast_ledger.hpp"
+#include "daemon/posted.hpp"
 #include "daemon/wait_for.hpp"
 #include "ipc/protocol.hpp"
 
 namespace smddp::daemon {
-
-using Clock = std::chrono::steady_clock;
-
-struct Posted {
-  int slot = -1;
-  int group_rank = -1;
-  ipc::RequestDesc desc;
-  Clock::time_point at;
-};
 
 // What the matcher decided: run `posted` (status Ok), or fail every one of them.
 struct Match {
@@ -57,8 +54,18 @@ class Matcher {
   // Finds the communicator and the poster's group rank (validation needs them).
   const Communicator* find(std::uint64_t comm_id) const;
 
-  // Queues a validated request. Returns the matches it completes (0 or 1).
+  // Queues a validated request. Returns the matches it completes (0 or 1), and the failures of
+  // what it made leave a fast ledger.
   std::vector<Match> post(int slot, int group_rank, const ipc::RequestDesc& desc, Clock::time_point now);
+  // The host fast path: communicator `comm_id` (all its members on this node) got a fast lane.
+  void open_fast_lane(std::uint64_t comm_id);
+  // Its ledger, or nullptr.
+  FastLedger* fast_ledger(std::uint64_t comm_id) noexcept;
+  // post() for a validated host fast-path request of member `group_rank` of the ledger's
+  // communicator, without the match of an operation that every member posted and that agrees:
+  // `ran` is then true, and ledger.ran() has what to count.
+  std::vector<Match> post_host_fast(FastLedger& ledger, int slot, int group_rank, const ipc::RequestDesc& desc,
+                                    Clock::time_point now, bool& ran);
   // CommCreate requests: `members` are the global ranks read from the poster's aux buffer.
   std::vector<Match> post_create(int slot, const ipc::RequestDesc& desc, std::vector<int> members,
                                  Clock::time_point now);
@@ -83,7 +90,7 @@ class Matcher {
   // Fails everything pending (job failure).
   std::vector<Match> fail_all(ipc::Status status, const std::string& error);
 
-  std::size_t pending_count() const noexcept { return collectives_.size() + p2p_.size() + creates_.size(); }
+  std::size_t pending_count() const noexcept;
   std::size_t communicator_count() const noexcept { return comms_.size(); }
 
  private:
@@ -125,11 +132,22 @@ class Matcher {
   void fail_seq(std::uint64_t comm, std::uint64_t seq, ipc::Status status, const std::string& error,
                 std::vector<Match>& out);
   Match check_signatures(Entry& e, const CollKey& key);
+  // A collective's request, past the fast ledger.
+  void post_collective(const Communicator& comm, const Posted& p, std::vector<Match>& out);
+  // Calls that left a fast ledger join the entries, as if posted now (they keep their times).
+  void adopt(const Communicator& comm, std::vector<Posted> calls, std::vector<Match>& out);
+  void adopt(FastLedger& ledger, std::vector<std::vector<Posted>> rows, std::vector<Match>& out);
+  // Operation `seq` was posted (or refused) outside the ledger: its row leaves it.
+  void leave_ledger(FastLedger& ledger, std::uint64_t seq, std::vector<Match>& out);
+  // The ledger's answer to a fast request; false: post it as any collective.
+  bool post_to_ledger(FastLedger& ledger, int slot, int group_rank, const ipc::RequestDesc& d, Clock::time_point now,
+                      bool keep_ran, FastLedger::Outcome& outcome, std::vector<Match>& out);
   static Match fail_entry(const Entry& e, ipc::Status status, const std::string& error);
 
   std::vector<int> slot_of_global_;
   std::chrono::milliseconds default_timeout_;
   std::map<std::uint64_t, std::unique_ptr<Communicator>> comms_;
+  std::map<std::uint64_t, std::unique_ptr<FastLedger>> ledgers_;  // by communicator id
   std::map<CollKey, Entry> collectives_;
   std::map<P2pKey, P2pEntry> p2p_;
   std::map<std::uint64_t, CreateEntry> creates_;

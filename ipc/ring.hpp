@@ -52,11 +52,18 @@ class SpscRing {
 
   // Consumer side.
   PopResult try_pop(T& out) noexcept {
+    return try_pop_with([&](const T& slot) { out = slot; });
+  }
+
+  // Consumer side: `take(const T&)` reads the item in its slot (a large T need not be copied
+  // whole). The slot is the producer's again once it returns.
+  template <class Take>
+  PopResult try_pop_with(Take&& take) noexcept {
     const std::uint64_t head = head_.load(std::memory_order_relaxed);
     const std::uint64_t tail = tail_.load(std::memory_order_acquire);
     if (tail == head) return PopResult::Empty;
     if (tail - head > Capacity) return PopResult::Corrupt;
-    out = slots_[head & (Capacity - 1)];
+    take(slots_[head & (Capacity - 1)]);
     head_.store(head + 1, std::memory_order_release);
     return PopResult::Item;
   }

@@ -692,5 +692,150 @@ TEST(Matcher, FailAllEmptiesEverything) {
   EXPECT_TRUE(m.fail_all(Status::Shutdown, "again").empty());
 }
 
+
+// --- the host fast path's ledger -----------------------------------------------------------
+
+RequestDesc fast(std::uint64_t seq, std::uint64_t k, std::uint64_t count = 8) {
+  RequestDesc d = coll(OpType::AllReduce, seq, count);
+  d.flags = ipc::kFlagHostFast;
+  d.wait_value = k;
+  return d;
+}
+
+TEST(MatcherHostFast, AnOperationEveryMemberRanIsCountedWithoutAMatch) {
+  Matcher m(local(2), 1000ms);
+  m.open_fast_lane(0);
+  FastLedger* l = m.fast_ledger(0);
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(m.fast_ledger(1), nullptr);
+  bool ran = true;
+  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(1, 1), t0, ran).empty());
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(m.pending_count(), 1u);
+  EXPECT_TRUE(m.post_host_fast(*l, 1, 1, fast(1, 1), t0, ran).empty());
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(l->ran().output_bytes, 2u * 8 * 4);
+  EXPECT_EQ(m.pending_count(), 0u);
+  // Through post(), the general entry, the same operation comes back as its match.
+  EXPECT_TRUE(m.post(1, 1, fast(2, 2), t0).empty());
+  auto out = m.post(0, 0, fast(2, 2), t0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::Ok);
+  ASSERT_EQ(out[0].posted.size(), 2u);
+  EXPECT_EQ(out[0].posted[1].slot, 1);
+}
+
+// A member that took the daemon's path meets the fast ones in one match, in either order, for
+// the daemon to name every call (Daemon::check_host_fast); the communicator's next operations go on.
+TEST(MatcherHostFast, AMemberOnTheDaemonsPathMeetsTheFastOnesInOneMatch) {
+  Matcher m(local(3), 1000ms);
+  m.open_fast_lane(0);
+  FastLedger* l = m.fast_ledger(0);
+  bool ran = false;
+  // Fast first.
+  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(1, 1), t0, ran).empty());
+  EXPECT_TRUE(m.post(1, 1, coll(OpType::AllReduce, 1), t0).empty());
+  auto out = m.post_host_fast(*l, 2, 2, fast(1, 1), t0, ran);
+  EXPECT_FALSE(ran);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::Ok);
+  ASSERT_EQ(out[0].posted.size(), 3u);
+  EXPECT_TRUE(out[0].posted[0].desc.flags & ipc::kFlagHostFast);
+  EXPECT_FALSE(out[0].posted[1].desc.flags & ipc::kFlagHostFast);
+  EXPECT_TRUE(out[0].posted[2].desc.flags & ipc::kFlagHostFast);
+  // The daemon's path first.
+  EXPECT_TRUE(m.post(2, 2, coll(OpType::AllReduce, 2), t0).empty());
+  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(2, 2), t0, ran).empty());
+  out = m.post_host_fast(*l, 1, 1, fast(2, 2), t0, ran);
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(out[0].posted.size(), 3u);
+  EXPECT_FALSE(out[0].posted[2].desc.flags & ipc::kFlagHostFast);
+  // Large operations of the communicator go the daemon's path on every member, small ones fast.
+  for (int r : {0, 1}) EXPECT_TRUE(m.post(r, r, coll(OpType::AllReduce, 3, 1 << 20), t0).empty());
+  for (int r : {0, 1}) EXPECT_TRUE(m.post_host_fast(*l, r, r, fast(4, 3), t0, ran).empty());
+  EXPECT_EQ(m.post(2, 2, coll(OpType::AllReduce, 3, 1 << 20), t0).size(), 1u);
+  EXPECT_TRUE(m.post_host_fast(*l, 2, 2, fast(4, 3), t0, ran).empty());
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(m.pending_count(), 0u);
+}
+
+TEST(MatcherHostFast, FastCallsThatDisagreeAreAMismatchNamingEveryCall) {
+  Matcher m(local(2), 1000ms);
+  m.open_fast_lane(0);
+  FastLedger* l = m.fast_ledger(0);
+  bool ran = false;
+  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(1, 1, 8), t0, ran).empty());
+  auto out = m.post_host_fast(*l, 1, 1, fast(1, 1, 16), t0, ran);
+  EXPECT_FALSE(ran);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::Mismatch);
+  EXPECT_EQ(out[0].error,
+            "collective mismatch on communicator 0 (operation #1): rank 0 called allreduce(float32, count=8, "
+            "op=sum), rank 1 called allreduce(float32, count=16, op=sum)");
+  // The same seq stays failed.
+  out = m.post_host_fast(*l, 1, 1, fast(1, 1, 16), t0, ran);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::Mismatch);
+}
+
+TEST(MatcherHostFast, AFastOperationThatWaitsIsReportedTimedOutAndFailedLikeAnyOther) {
+  Matcher m(local(3), 100000ms);
+  m.open_fast_lane(0);
+  FastLedger* l = m.fast_ledger(0);
+  bool ran = false;
+  RequestDesc d = fast(7, 1);
+  d.timeout_ms = 2000;
+  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, d, t0, ran).empty());
+  EXPECT_TRUE(m.post_host_fast(*l, 2, 2, d, t0 + 10ms, ran).empty());
+  std::vector<StallInfo> fresh;
+  EXPECT_TRUE(m.expire(t0 + 1s, 1s, fresh).empty());
+  ASSERT_EQ(fresh.size(), 1u);
+  EXPECT_EQ(fresh[0].seq, 7u);
+  EXPECT_EQ(fresh[0].missing_global_ranks, (std::vector<int>{1}));
+  std::vector<RankWait> waits;
+  m.add_waits(t0 + 1s, waits);
+  EXPECT_EQ(waits.size(), 2u);
+  auto out = m.expire(t0 + 2s, 1s, fresh);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::Timeout);
+  EXPECT_EQ(out[0].posted.size(), 2u);
+  EXPECT_CONTAINS(out[0].error, "(operation #7) timed out after 2 s: rank(s) 1 never posted it");
+  // The late member fails at once.
+  out = m.post_host_fast(*l, 1, 1, d, t0 + 3s, ran);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::Timeout);
+  EXPECT_EQ(m.pending_count(), 0u);
+}
+
+TEST(MatcherHostFast, WaitingFastOperationsFailWithAMemberThatLeftARefusedOneOrTheJob) {
+  Matcher m(local(3), 100000ms);
+  m.open_fast_lane(0);
+  FastLedger* l = m.fast_ledger(0);
+  bool ran = false;
+  // Waits for slot 1, which exits.
+  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(1, 1), t0, ran).empty());
+  auto out = m.fail_waiting_for(1, Status::PeerFailed, "rank 1 exited");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].status, Status::PeerFailed);
+  EXPECT_EQ(out[0].posted.size(), 1u);
+  out = m.post_host_fast(*l, 2, 2, fast(1, 1), t0, ran);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].error, "rank 1 exited");
+  // Member 1's request of seq 2 was refused: member 0's waiting one fails now, member 2's when it comes.
+  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(2, 2), t0, ran).empty());
+  out = m.fail_partners(1, fast(2, 2), Status::InvalidRequest, "refused");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].posted[0].slot, 0);
+  out = m.post_host_fast(*l, 2, 2, fast(2, 2), t0, ran);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].error, "refused");
+  // The job fails: what waits in the ledger fails with it.
+  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(3, 3), t0, ran).empty());
+  out = m.fail_all(Status::PeerFailed, "the job failed");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].error, "the job failed");
+  EXPECT_EQ(m.pending_count(), 0u);
+}
+
 }  // namespace
 }  // namespace smddp::daemon
