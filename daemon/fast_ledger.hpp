@@ -115,6 +115,13 @@ class FastLedger {
   std::uint64_t last_row_seq_ = 0;    // the highest seq a row was ever opened for
   std::uint64_t elsewhere_max_ = 0;   // the highest seq a member posted outside the ledger
   std::vector<Posted> finished_;      // the calls of the row post just closed (Disagree)
+  struct BytesOf {                    // output_bytes of the last call that ran
+    ipc::OpType op = ipc::OpType::Barrier;
+    ipc::DType dtype = ipc::DType::Float32;
+    std::uint64_t count = 0;
+    std::int32_t root = 0;
+    std::uint64_t bytes = 0;
+  } bytes_of_;
   Ran ran_;
 };
 
