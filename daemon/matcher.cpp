@@ -11,6 +11,14 @@ using ipc::OpType;
 using ipc::RequestDesc;
 using ipc::Status;
 
+namespace {
+
+std::string posted_twice(const RequestDesc& d) {
+  return "rank posted " + describe_call(d) + " twice with seq " + std::to_string(d.seq);
+}
+
+}  // namespace
+
 std::string describe_call(const RequestDesc& d) {
   std::ostringstream s;
   s << ipc::to_string(d.op) << "(";
@@ -123,12 +131,9 @@ std::vector<Match> Matcher::post(int slot, int group_rank, const RequestDesc& d,
   }
 
   if (FastLedger* ledger = fast_ledger(d.comm_id)) {
-    FastLedger::Outcome outcome;
-    if (d.flags & ipc::kFlagHostFast) {
-      if (post_to_ledger(*ledger, slot, group_rank, d, now, true, outcome, out)) return out;
-    } else {
-      leave_ledger(*ledger, d.seq, out);
-    }
+    if (!(d.flags & ipc::kFlagHostFast)) leave_ledger(*ledger, d.seq, out);
+    else if (post_to_ledger(*ledger, slot, group_rank, d, now, true, out) != FastLedger::Outcome::ToMatcher)
+      return out;
   }
   post_collective(*comm, p, out);
   return out;
@@ -152,8 +157,7 @@ void Matcher::post_collective(const Communicator& comm, const Posted& p, std::ve
   e.first = std::min(e.first, p.at);
   auto& cell = e.by_rank[static_cast<std::size_t>(p.group_rank)];
   if (cell) {
-    out.push_back({&comm, {p}, Status::InvalidRequest,
-                   "rank posted " + describe_call(d) + " twice with seq " + std::to_string(d.seq)});
+    out.push_back({&comm, {p}, Status::InvalidRequest, posted_twice(d)});
     return;
   }
   cell = p;
@@ -191,37 +195,32 @@ FastLedger* Matcher::fast_ledger(std::uint64_t comm_id) noexcept {
 std::vector<Match> Matcher::post_host_fast(FastLedger& ledger, int slot, int group_rank, const RequestDesc& d,
                                            Clock::time_point now, bool& ran) {
   std::vector<Match> out;
-  FastLedger::Outcome outcome;
-  ran = false;
-  if (!post_to_ledger(ledger, slot, group_rank, d, now, false, outcome, out))
-    post_collective(ledger.comm(), Posted{slot, group_rank, d, now}, out);
-  else ran = outcome == FastLedger::Outcome::Ran;
+  const auto outcome = post_to_ledger(ledger, slot, group_rank, d, now, false, out);
+  if (outcome == FastLedger::Outcome::ToMatcher) post_collective(ledger.comm(), Posted{slot, group_rank, d, now}, out);
+  ran = outcome == FastLedger::Outcome::Ran;
   return out;
 }
 
-bool Matcher::post_to_ledger(FastLedger& ledger, int slot, int group_rank, const RequestDesc& d,
-                             Clock::time_point now, bool keep_ran, FastLedger::Outcome& outcome,
-                             std::vector<Match>& out) {
-  outcome = ledger.post(slot, group_rank, d, now, keep_ran);
+FastLedger::Outcome Matcher::post_to_ledger(FastLedger& ledger, int slot, int group_rank, const RequestDesc& d,
+                                            Clock::time_point now, bool keep_ran, std::vector<Match>& out) {
+  const auto outcome = ledger.post(slot, group_rank, d, now, keep_ran);
   switch (outcome) {
     case FastLedger::Outcome::Kept:
-      return true;
+    case FastLedger::Outcome::ToMatcher:
+      break;
     case FastLedger::Outcome::Ran:
       if (keep_ran) out.push_back({&ledger.comm(), ledger.take_finished(), Status::Ok, {}});
-      return true;
+      break;
     case FastLedger::Outcome::Disagree:
       // The entries' own judgment names every call (or passes it on to the daemon's check of
       // the fast-op numbers).
       adopt(ledger.comm(), ledger.take_finished(), out);
-      return true;
+      break;
     case FastLedger::Outcome::Duplicate:
-      out.push_back({&ledger.comm(), {Posted{slot, group_rank, d, now}}, Status::InvalidRequest,
-                     "rank posted " + describe_call(d) + " twice with seq " + std::to_string(d.seq)});
-      return true;
-    case FastLedger::Outcome::ToMatcher:
+      out.push_back({&ledger.comm(), {Posted{slot, group_rank, d, now}}, Status::InvalidRequest, posted_twice(d)});
       break;
   }
-  return false;
+  return outcome;
 }
 
 void Matcher::adopt(const Communicator& comm, std::vector<Posted> calls, std::vector<Match>& out) {

@@ -139,9 +139,9 @@ class Matcher {
   void adopt(FastLedger& ledger, std::vector<std::vector<Posted>> rows, std::vector<Match>& out);
   // Operation `seq` was posted (or refused) outside the ledger: its row leaves it.
   void leave_ledger(FastLedger& ledger, std::uint64_t seq, std::vector<Match>& out);
-  // The ledger's answer to a fast request; false: post it as any collective.
-  bool post_to_ledger(FastLedger& ledger, int slot, int group_rank, const ipc::RequestDesc& d, Clock::time_point now,
-                      bool keep_ran, FastLedger::Outcome& outcome, std::vector<Match>& out);
+  // The ledger's answer to a fast request, acted on (ToMatcher: post it as any collective).
+  FastLedger::Outcome post_to_ledger(FastLedger& ledger, int slot, int group_rank, const ipc::RequestDesc& d,
+                                     Clock::time_point now, bool keep_ran, std::vector<Match>& out);
   static Match fail_entry(const Entry& e, ipc::Status status, const std::string& error);
 
   std::vector<int> slot_of_global_;
