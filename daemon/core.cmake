@@ -15,6 +15,7 @@ add_library(smddp_daemon_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/daemon.cpp
   ${CMAKE_CURRENT_LIST_DIR}/daemon_status.cpp
   ${CMAKE_CURRENT_LIST_DIR}/daemon_waits.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/daemon_host_fast.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gpu_stats.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transport/fault_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transport/fault_injection.cpp
