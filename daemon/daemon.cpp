@@ -327,6 +327,8 @@ bool Daemon::requests_backlogged() const {
 
 bool Daemon::poll_rings(Clock::time_point now) {
   bool did = false;
+  ipc::RequestDesc d;
+  ipc::RequestDesc fast;  // a host fast-path request: its buffer fields stay empty
   for (int s = 0; s < layout_.nproc_per_node; ++s) {
     auto& slot = segment_.slot(s);
     auto& info = ranks_[static_cast<std::size_t>(s)];
@@ -338,8 +340,6 @@ bool Daemon::poll_rings(Clock::time_point now) {
       note_rank_gpu(s);
     }
     read_releases(s);
-    ipc::RequestDesc d;
-    ipc::RequestDesc fast;  // a host fast-path request: its buffer fields stay empty
     for (int budget = 0; budget < 64; ++budget) {
       bool is_fast = false;
       const auto r = slot.requests.try_pop_with([&](const ipc::RequestDesc& in) {
