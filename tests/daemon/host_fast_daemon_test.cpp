@@ -172,5 +172,33 @@ TEST(DaemonHostFast, OffInTheConfigEverythingGoesThroughTheDaemon) {
   EXPECT_GE(s.value("collectives_done", 0), 1) << s.dump();
 }
 
+
+// The daemon's ledger holds a fast operation for 100 ms at most; one whose members come further
+// apart leaves for its matcher, where the late members' requests meet it: counted once, no error,
+// and the operations after it are the ledger's again.
+TEST(DaemonHostFast, AnOperationWhoseMembersComeFarApartIsCountedOnce) {
+  Job j("apart");
+  std::vector<CommunicatorPtr> world;
+  for (auto& r : j.ranks) world.push_back(r->world());
+  std::vector<std::vector<float>> in(kRanks, std::vector<float>(5)), out(kRanks, std::vector<float>(5, -1));
+  for (int r = 0; r < kRanks; ++r) in[static_cast<std::size_t>(r)].assign(5, static_cast<float>(r + 1));
+  std::vector<WorkPtr> w;
+  w.push_back(world[0]->allreduce(in[0].data(), out[0].data(), 5, DType::Float32, ReduceOp::Sum));
+  std::this_thread::sleep_for(400ms);  // the daemon wakes within 100 ms and takes rank 0's request
+  for (int r = 1; r < kRanks; ++r)
+    w.push_back(world[static_cast<std::size_t>(r)]->allreduce(in[static_cast<std::size_t>(r)].data(),
+                                                              out[static_cast<std::size_t>(r)].data(), 5,
+                                                              DType::Float32, ReduceOp::Sum));
+  test_daemon::wait_all(w);
+  for (const auto& o : out) EXPECT_EQ(o, std::vector<float>(5, 6.f));
+  for (int round = 0; round < 20; ++round) EXPECT_EQ(allreduce(world, {0, 1, 2}, 5), std::vector<float>(5, 6.f));
+  const auto s = j.status_after(21);
+  EXPECT_EQ(s["host_fast_path"].value("operations", 0), 21) << s.dump();
+  EXPECT_EQ(s.value("bytes_moved", 0), 21 * 3 * 5 * 4) << s.dump();
+  EXPECT_EQ(s.value("job_error", std::string("?")), "") << s.dump();
+  EXPECT_TRUE(s["errors"].empty()) << s.dump();
+  EXPECT_TRUE(s["stalls"].empty()) << s.dump();
+}
+
 }  // namespace
 }  // namespace smddp::daemon
