@@ -10,6 +10,7 @@
 
 #include "kernels/host/host_reduce.hpp"
 #include "daemon/internode/op.hpp"
+#include "daemon/posted.hpp"
 #include "ipc/types.hpp"
 
 namespace smddp::daemon::internode {
@@ -658,21 +659,6 @@ void Engine::post_descriptor_recv(const std::shared_ptr<Op>& op, int j, std::byt
                      }
                    });
 }
-
-namespace {
-
-// The fields every member must agree on (as the Matcher's local check).
-bool same_signature(const ipc::RequestDesc& a, const ipc::RequestDesc& b) {
-  constexpr std::uint32_t kMustMatch = ipc::kFlagSdp | ipc::kFlagSplits;
-  if (a.op != b.op || a.dtype != b.dtype || a.count != b.count || a.chunk_offset != b.chunk_offset ||
-      a.chunk_count != b.chunk_count || (a.flags & kMustMatch) != (b.flags & kMustMatch))
-    return false;
-  if (reduces(a.op) && a.reduce_op != b.reduce_op) return false;
-  if (rooted(a.op) && a.root != b.root) return false;
-  return true;
-}
-
-}  // namespace
 
 bool Engine::judge(Op& op) {
   // Scatter the received descriptors into group-rank order, then compare the signatures.

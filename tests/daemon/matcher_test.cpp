@@ -702,19 +702,31 @@ RequestDesc fast(std::uint64_t seq, std::uint64_t k, std::uint64_t count = 8) {
   return d;
 }
 
+// A matcher of n local ranks whose world has a fast lane; rank r posts as group rank r.
+struct FastWorld {
+  FastWorld(int n, std::chrono::milliseconds timeout) : m(local(n), timeout) {
+    m.open_fast_lane(0);
+    l = m.fast_ledger(0);
+  }
+  std::vector<Match> post(int r, const RequestDesc& d, Clock::time_point at = t0) {
+    return m.post_host_fast(*l, r, r, d, at, ran);
+  }
+  Matcher m;
+  FastLedger* l = nullptr;
+  bool ran = false;
+};
+
 TEST(MatcherHostFast, AnOperationEveryMemberRanIsCountedWithoutAMatch) {
-  Matcher m(local(2), 1000ms);
-  m.open_fast_lane(0);
-  FastLedger* l = m.fast_ledger(0);
-  ASSERT_NE(l, nullptr);
+  FastWorld f(2, 1000ms);
+  auto& m = f.m;
+  ASSERT_NE(f.l, nullptr);
   EXPECT_EQ(m.fast_ledger(1), nullptr);
-  bool ran = true;
-  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(1, 1), t0, ran).empty());
-  EXPECT_FALSE(ran);
+  EXPECT_TRUE(f.post(0, fast(1, 1)).empty());
+  EXPECT_FALSE(f.ran);
   EXPECT_EQ(m.pending_count(), 1u);
-  EXPECT_TRUE(m.post_host_fast(*l, 1, 1, fast(1, 1), t0, ran).empty());
-  EXPECT_TRUE(ran);
-  EXPECT_EQ(l->ran().output_bytes, 2u * 8 * 4);
+  EXPECT_TRUE(f.post(1, fast(1, 1)).empty());
+  EXPECT_TRUE(f.ran);
+  EXPECT_EQ(f.l->ran().output_bytes, 2u * 8 * 4);
   EXPECT_EQ(m.pending_count(), 0u);
   // Through post(), the general entry, the same operation comes back as its match.
   EXPECT_TRUE(m.post(1, 1, fast(2, 2), t0).empty());
@@ -728,15 +740,13 @@ TEST(MatcherHostFast, AnOperationEveryMemberRanIsCountedWithoutAMatch) {
 // A member that took the daemon's path meets the fast ones in one match, in either order, for
 // the daemon to name every call (Daemon::check_host_fast); the communicator's next operations go on.
 TEST(MatcherHostFast, AMemberOnTheDaemonsPathMeetsTheFastOnesInOneMatch) {
-  Matcher m(local(3), 1000ms);
-  m.open_fast_lane(0);
-  FastLedger* l = m.fast_ledger(0);
-  bool ran = false;
+  FastWorld f(3, 1000ms);
+  auto& m = f.m;
   // Fast first.
-  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(1, 1), t0, ran).empty());
+  EXPECT_TRUE(f.post(0, fast(1, 1)).empty());
   EXPECT_TRUE(m.post(1, 1, coll(OpType::AllReduce, 1), t0).empty());
-  auto out = m.post_host_fast(*l, 2, 2, fast(1, 1), t0, ran);
-  EXPECT_FALSE(ran);
+  auto out = f.post(2, fast(1, 1));
+  EXPECT_FALSE(f.ran);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].status, Status::Ok);
   ASSERT_EQ(out[0].posted.size(), 3u);
@@ -745,48 +755,43 @@ TEST(MatcherHostFast, AMemberOnTheDaemonsPathMeetsTheFastOnesInOneMatch) {
   EXPECT_TRUE(out[0].posted[2].desc.flags & ipc::kFlagHostFast);
   // The daemon's path first.
   EXPECT_TRUE(m.post(2, 2, coll(OpType::AllReduce, 2), t0).empty());
-  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(2, 2), t0, ran).empty());
-  out = m.post_host_fast(*l, 1, 1, fast(2, 2), t0, ran);
+  EXPECT_TRUE(f.post(0, fast(2, 2)).empty());
+  out = f.post(1, fast(2, 2));
   ASSERT_EQ(out.size(), 1u);
   ASSERT_EQ(out[0].posted.size(), 3u);
   EXPECT_FALSE(out[0].posted[2].desc.flags & ipc::kFlagHostFast);
   // Large operations of the communicator go the daemon's path on every member, small ones fast.
   for (int r : {0, 1}) EXPECT_TRUE(m.post(r, r, coll(OpType::AllReduce, 3, 1 << 20), t0).empty());
-  for (int r : {0, 1}) EXPECT_TRUE(m.post_host_fast(*l, r, r, fast(4, 3), t0, ran).empty());
+  for (int r : {0, 1}) EXPECT_TRUE(f.post(r, fast(4, 3)).empty());
   EXPECT_EQ(m.post(2, 2, coll(OpType::AllReduce, 3, 1 << 20), t0).size(), 1u);
-  EXPECT_TRUE(m.post_host_fast(*l, 2, 2, fast(4, 3), t0, ran).empty());
-  EXPECT_TRUE(ran);
+  EXPECT_TRUE(f.post(2, fast(4, 3)).empty());
+  EXPECT_TRUE(f.ran);
   EXPECT_EQ(m.pending_count(), 0u);
 }
 
 TEST(MatcherHostFast, FastCallsThatDisagreeAreAMismatchNamingEveryCall) {
-  Matcher m(local(2), 1000ms);
-  m.open_fast_lane(0);
-  FastLedger* l = m.fast_ledger(0);
-  bool ran = false;
-  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(1, 1, 8), t0, ran).empty());
-  auto out = m.post_host_fast(*l, 1, 1, fast(1, 1, 16), t0, ran);
-  EXPECT_FALSE(ran);
+  FastWorld f(2, 1000ms);
+  EXPECT_TRUE(f.post(0, fast(1, 1, 8)).empty());
+  auto out = f.post(1, fast(1, 1, 16));
+  EXPECT_FALSE(f.ran);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].status, Status::Mismatch);
   EXPECT_EQ(out[0].error,
             "collective mismatch on communicator 0 (operation #1): rank 0 called allreduce(float32, count=8, "
             "op=sum), rank 1 called allreduce(float32, count=16, op=sum)");
   // The same seq stays failed.
-  out = m.post_host_fast(*l, 1, 1, fast(1, 1, 16), t0, ran);
+  out = f.post(1, fast(1, 1, 16));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].status, Status::Mismatch);
 }
 
 TEST(MatcherHostFast, AFastOperationThatWaitsIsReportedTimedOutAndFailedLikeAnyOther) {
-  Matcher m(local(3), 100000ms);
-  m.open_fast_lane(0);
-  FastLedger* l = m.fast_ledger(0);
-  bool ran = false;
+  FastWorld f(3, 100000ms);
+  auto& m = f.m;
   RequestDesc d = fast(7, 1);
   d.timeout_ms = 2000;
-  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, d, t0, ran).empty());
-  EXPECT_TRUE(m.post_host_fast(*l, 2, 2, d, t0 + 10ms, ran).empty());
+  EXPECT_TRUE(f.post(0, d).empty());
+  EXPECT_TRUE(f.post(2, d, t0 + 10ms).empty());
   std::vector<StallInfo> fresh;
   EXPECT_TRUE(m.expire(t0 + 1s, 1s, fresh).empty());
   ASSERT_EQ(fresh.size(), 1u);
@@ -801,36 +806,34 @@ TEST(MatcherHostFast, AFastOperationThatWaitsIsReportedTimedOutAndFailedLikeAnyO
   EXPECT_EQ(out[0].posted.size(), 2u);
   EXPECT_CONTAINS(out[0].error, "(operation #7) timed out after 2 s: rank(s) 1 never posted it");
   // The late member fails at once.
-  out = m.post_host_fast(*l, 1, 1, d, t0 + 3s, ran);
+  out = f.post(1, d, t0 + 3s);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].status, Status::Timeout);
   EXPECT_EQ(m.pending_count(), 0u);
 }
 
 TEST(MatcherHostFast, WaitingFastOperationsFailWithAMemberThatLeftARefusedOneOrTheJob) {
-  Matcher m(local(3), 100000ms);
-  m.open_fast_lane(0);
-  FastLedger* l = m.fast_ledger(0);
-  bool ran = false;
+  FastWorld f(3, 100000ms);
+  auto& m = f.m;
   // Waits for slot 1, which exits.
-  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(1, 1), t0, ran).empty());
+  EXPECT_TRUE(f.post(0, fast(1, 1)).empty());
   auto out = m.fail_waiting_for(1, Status::PeerFailed, "rank 1 exited");
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].status, Status::PeerFailed);
   EXPECT_EQ(out[0].posted.size(), 1u);
-  out = m.post_host_fast(*l, 2, 2, fast(1, 1), t0, ran);
+  out = f.post(2, fast(1, 1));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].error, "rank 1 exited");
   // Member 1's request of seq 2 was refused: member 0's waiting one fails now, member 2's when it comes.
-  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(2, 2), t0, ran).empty());
+  EXPECT_TRUE(f.post(0, fast(2, 2)).empty());
   out = m.fail_partners(1, fast(2, 2), Status::InvalidRequest, "refused");
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].posted[0].slot, 0);
-  out = m.post_host_fast(*l, 2, 2, fast(2, 2), t0, ran);
+  out = f.post(2, fast(2, 2));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].error, "refused");
   // The job fails: what waits in the ledger fails with it.
-  EXPECT_TRUE(m.post_host_fast(*l, 0, 0, fast(3, 3), t0, ran).empty());
+  EXPECT_TRUE(f.post(0, fast(3, 3)).empty());
   out = m.fail_all(Status::PeerFailed, "the job failed");
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].error, "the job failed");
