@@ -4,9 +4,13 @@
 #include <cstddef>
 #include <cstring>
 
+#include "ipc/segment.hpp"
 #include "ipc/validate.hpp"
 
 namespace smddp::daemon {
+
+// A row's members are a bit each: a fast lane's communicator is all on one node.
+static_assert(ipc::kMaxLocalRanks <= 64);
 
 FastLedger::FastLedger(const Communicator& comm, std::chrono::milliseconds default_timeout)
     : comm_(&comm), default_timeout_(default_timeout), n_(comm.size()),
