@@ -42,21 +42,27 @@ RequestDesc fast(std::uint64_t seq, std::uint64_t k, OpType op = OpType::AllRedu
   return d;
 }
 
-// Member g posts from its slot.
-Outcome post(FastLedger& l, const Communicator& c, int g, const RequestDesc& d, Clock::time_point at = t0) {
-  return l.post(c.slots[static_cast<std::size_t>(g)], g, d, at);
-}
+// A ledger of n members; member g posts from its slot.
+struct Ledger {
+  explicit Ledger(int n) : c(local_comm(n)), l(c, 1000ms) {}
+  Ledger(const Ledger&) = delete;  // the ledger points at `c`
+  Outcome post(int g, const RequestDesc& d, Clock::time_point at = t0) {
+    return l.post(c.slots[static_cast<std::size_t>(g)], g, d, at);
+  }
+  Communicator c;
+  FastLedger l;
+};
 
 TEST(FastLedger, AnOperationRunsOnceEveryMemberPostedTheSameCall) {
-  const auto c = local_comm(3);
-  FastLedger l(c, 1000ms);
+  Ledger f(3);
+  auto& l = f.l;
   EXPECT_EQ(l.group_rank_of(2), 0);
   EXPECT_EQ(l.group_rank_of(0), 2);
   EXPECT_EQ(l.group_rank_of(3), -1);
-  EXPECT_EQ(post(l, c, 1, fast(1, 1)), Outcome::Kept);
-  EXPECT_EQ(post(l, c, 0, fast(1, 1)), Outcome::Kept);
+  EXPECT_EQ(f.post(1, fast(1, 1)), Outcome::Kept);
+  EXPECT_EQ(f.post(0, fast(1, 1)), Outcome::Kept);
   EXPECT_EQ(l.rows(), 1u);
-  EXPECT_EQ(post(l, c, 2, fast(1, 1)), Outcome::Ran);
+  EXPECT_EQ(f.post(2, fast(1, 1)), Outcome::Ran);
   EXPECT_EQ(l.rows(), 0u);
   EXPECT_FALSE(l.ran().single_copy);
   EXPECT_EQ(l.ran().output_bytes, 3u * 8 * 4);  // each member's 8 floats
@@ -65,19 +71,19 @@ TEST(FastLedger, AnOperationRunsOnceEveryMemberPostedTheSameCall) {
 TEST(FastLedger, ManyOperationsInFlightRunInAnyOrderOfMembers) {
   // One member far ahead (the daemon drains one rank's ring, then the other's): rows pile up,
   // the ring grows, and each runs when its last member comes.
-  const auto c = local_comm(2);
-  FastLedger l(c, 1000ms);
-  for (std::uint64_t s = 1; s <= 40; ++s) EXPECT_EQ(post(l, c, 1, fast(s, s)), Outcome::Kept);
+  Ledger f(2);
+  auto& l = f.l;
+  for (std::uint64_t s = 1; s <= 40; ++s) EXPECT_EQ(f.post(1, fast(s, s)), Outcome::Kept);
   EXPECT_EQ(l.rows(), 40u);
   for (std::uint64_t s = 1; s <= 40; ++s) {
-    EXPECT_EQ(post(l, c, 0, fast(s, s)), Outcome::Ran) << s;
+    EXPECT_EQ(f.post(0, fast(s, s)), Outcome::Ran) << s;
     EXPECT_EQ(l.rows(), 40u - s);
   }
   // Seqs the daemon's path took in between are gaps, not rows.
-  EXPECT_EQ(post(l, c, 0, fast(45, 41)), Outcome::Kept);
-  EXPECT_EQ(post(l, c, 0, fast(47, 42)), Outcome::Kept);
-  EXPECT_EQ(post(l, c, 1, fast(47, 42)), Outcome::Ran);
-  EXPECT_EQ(post(l, c, 1, fast(45, 41)), Outcome::Ran);
+  EXPECT_EQ(f.post(0, fast(45, 41)), Outcome::Kept);
+  EXPECT_EQ(f.post(0, fast(47, 42)), Outcome::Kept);
+  EXPECT_EQ(f.post(1, fast(47, 42)), Outcome::Ran);
+  EXPECT_EQ(f.post(1, fast(45, 41)), Outcome::Ran);
   EXPECT_EQ(l.rows(), 0u);
 }
 
@@ -97,11 +103,11 @@ TEST(FastLedger, OutputBytesCountEveryMembersOutput) {
 }
 
 TEST(FastLedger, MembersThatDisagreeHandTheirCallsOut) {
-  const auto c = local_comm(2);
-  FastLedger l(c, 1000ms);
+  Ledger f(2);
+  auto& l = f.l;
   // Another count.
-  EXPECT_EQ(post(l, c, 0, fast(1, 1, OpType::AllReduce, 8)), Outcome::Kept);
-  EXPECT_EQ(post(l, c, 1, fast(1, 1, OpType::AllReduce, 9)), Outcome::Disagree);
+  EXPECT_EQ(f.post(0, fast(1, 1, OpType::AllReduce, 8)), Outcome::Kept);
+  EXPECT_EQ(f.post(1, fast(1, 1, OpType::AllReduce, 9)), Outcome::Disagree);
   auto calls = l.take_finished();
   ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(calls[0].group_rank, 0);
@@ -110,34 +116,33 @@ TEST(FastLedger, MembersThatDisagreeHandTheirCallsOut) {
   EXPECT_EQ(calls[1].desc.count, 9u);
   EXPECT_EQ(calls[1].desc.input.kind, ipc::BufferKind::None);
   // Another fast-op number: their cells paired different operations.
-  EXPECT_EQ(post(l, c, 1, fast(2, 2)), Outcome::Kept);
-  EXPECT_EQ(post(l, c, 0, fast(2, 3)), Outcome::Disagree);
+  EXPECT_EQ(f.post(1, fast(2, 2)), Outcome::Kept);
+  EXPECT_EQ(f.post(0, fast(2, 3)), Outcome::Disagree);
   EXPECT_EQ(l.take_finished().size(), 2u);
   // The single-copy flag is the members' own business: only counted.
   RequestDesc by_address = fast(3, 4);
   by_address.flags |= ipc::kFlagSingleCopy;
-  EXPECT_EQ(post(l, c, 0, by_address), Outcome::Kept);
-  EXPECT_EQ(post(l, c, 1, by_address), Outcome::Ran);
+  EXPECT_EQ(f.post(0, by_address), Outcome::Kept);
+  EXPECT_EQ(f.post(1, by_address), Outcome::Ran);
   EXPECT_TRUE(l.ran().single_copy);
   EXPECT_EQ(l.rows(), 0u);
 }
 
 TEST(FastLedger, ASecondPostOfOneSeqIsADuplicate) {
-  const auto c = local_comm(2);
-  FastLedger l(c, 1000ms);
-  EXPECT_EQ(post(l, c, 0, fast(1, 1)), Outcome::Kept);
-  EXPECT_EQ(post(l, c, 0, fast(1, 1)), Outcome::Duplicate);
-  EXPECT_EQ(post(l, c, 1, fast(1, 1)), Outcome::Ran);
+  Ledger f(2);
+  EXPECT_EQ(f.post(0, fast(1, 1)), Outcome::Kept);
+  EXPECT_EQ(f.post(0, fast(1, 1)), Outcome::Duplicate);
+  EXPECT_EQ(f.post(1, fast(1, 1)), Outcome::Ran);
 }
 
 TEST(FastLedger, ASeqTakenElsewhereNeverComesBack) {
-  const auto c = local_comm(2);
-  FastLedger l(c, 1000ms);
+  Ledger f(2);
+  auto& l = f.l;
   // A member posted seq 3 through the daemon's path before any fast request of it came.
   l.note_elsewhere(3);
-  EXPECT_EQ(post(l, c, 0, fast(3, 1)), Outcome::ToMatcher);
-  EXPECT_EQ(post(l, c, 0, fast(2, 1)), Outcome::ToMatcher);  // below it, and no row: also elsewhere
-  EXPECT_EQ(post(l, c, 0, fast(4, 1)), Outcome::Kept);       // above it: a row
+  EXPECT_EQ(f.post(0, fast(3, 1)), Outcome::ToMatcher);
+  EXPECT_EQ(f.post(0, fast(2, 1)), Outcome::ToMatcher);  // below it, and no row: also elsewhere
+  EXPECT_EQ(f.post(0, fast(4, 1)), Outcome::Kept);       // above it: a row
   // A fast row whose seq a member then posts elsewhere leaves with its calls.
   l.note_elsewhere(4);
   auto calls = l.take(4);
@@ -146,19 +151,19 @@ TEST(FastLedger, ASeqTakenElsewhereNeverComesBack) {
   EXPECT_EQ((*calls)[0].group_rank, 0);
   EXPECT_EQ((*calls)[0].desc.seq, 4u);
   EXPECT_EQ(l.rows(), 0u);
-  EXPECT_EQ(post(l, c, 1, fast(4, 1)), Outcome::ToMatcher);
+  EXPECT_EQ(f.post(1, fast(4, 1)), Outcome::ToMatcher);
   EXPECT_FALSE(l.take(4));
   EXPECT_FALSE(l.take(9));
 }
 
 TEST(FastLedger, RowsThatWaitLeaveAfterAWhileOrTheirTimeout) {
-  const auto c = local_comm(2);
-  FastLedger l(c, 1000ms);
-  EXPECT_EQ(post(l, c, 0, fast(1, 1), t0), Outcome::Kept);
+  Ledger f(2);
+  auto& l = f.l;
+  EXPECT_EQ(f.post(0, fast(1, 1), t0), Outcome::Kept);
   RequestDesc quick = fast(2, 2);
   quick.timeout_ms = 30;
-  EXPECT_EQ(post(l, c, 0, quick, t0), Outcome::Kept);
-  EXPECT_EQ(post(l, c, 0, fast(3, 3), t0 + 50ms), Outcome::Kept);
+  EXPECT_EQ(f.post(0, quick, t0), Outcome::Kept);
+  EXPECT_EQ(f.post(0, fast(3, 3), t0 + 50ms), Outcome::Kept);
   EXPECT_TRUE(l.take_aged(t0 + 29ms).empty());
   auto left = l.take_aged(t0 + 30ms);
   ASSERT_EQ(left.size(), 1u);
@@ -168,17 +173,17 @@ TEST(FastLedger, RowsThatWaitLeaveAfterAWhileOrTheirTimeout) {
   EXPECT_EQ(left[0][0].desc.seq, 1u);
   EXPECT_EQ(l.rows(), 1u);
   // The rows that left are the matcher's for good; the one that stayed still runs.
-  EXPECT_EQ(post(l, c, 1, fast(1, 1)), Outcome::ToMatcher);
-  EXPECT_EQ(post(l, c, 1, fast(2, 2)), Outcome::ToMatcher);
-  EXPECT_EQ(post(l, c, 1, fast(3, 3)), Outcome::Ran);
+  EXPECT_EQ(f.post(1, fast(1, 1)), Outcome::ToMatcher);
+  EXPECT_EQ(f.post(1, fast(2, 2)), Outcome::ToMatcher);
+  EXPECT_EQ(f.post(1, fast(3, 3)), Outcome::Ran);
 }
 
 TEST(FastLedger, RowsThatWaitForAMemberLeaveWhenItIsGone) {
-  const auto c = local_comm(3);
-  FastLedger l(c, 1000ms);
-  EXPECT_EQ(post(l, c, 0, fast(1, 1)), Outcome::Kept);
-  EXPECT_EQ(post(l, c, 2, fast(1, 1)), Outcome::Kept);  // waits for member 1
-  EXPECT_EQ(post(l, c, 1, fast(2, 2)), Outcome::Kept);  // member 1 posted it
+  Ledger f(3);
+  auto& l = f.l;
+  EXPECT_EQ(f.post(0, fast(1, 1)), Outcome::Kept);
+  EXPECT_EQ(f.post(2, fast(1, 1)), Outcome::Kept);  // waits for member 1
+  EXPECT_EQ(f.post(1, fast(2, 2)), Outcome::Kept);  // member 1 posted it
   auto left = l.take_waiting_for(1);
   ASSERT_EQ(left.size(), 1u);
   ASSERT_EQ(left[0].size(), 2u);
