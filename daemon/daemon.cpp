@@ -121,8 +121,7 @@ Daemon::Daemon(JobLayout layout, DaemonConfig config, std::optional<InternodeSet
   fast_lanes_taken_.assign(static_cast<std::size_t>(layout_.nproc_per_node), 0);
   if (config_.host_fast_bytes && layout_.num_nodes == 1) {
     // The world, when it is all on this node, takes lane 0.
-    fast_lane_of_[0] = 0;
-    matcher_.open_fast_lane(0);
+    matcher_.open_fast_lane(0, 0);
     for (auto& taken : fast_lanes_taken_) taken |= 1u;
   }
   ipc::ensure_socket_dir();

@@ -189,10 +189,9 @@ class Daemon {
   void read_releases(int slot);
   std::map<int, std::vector<ipc::PlanHandle>> release_notices_;  // by receiving slot
   std::uint64_t freed_allocations_ = 0;  // ids the ranks listed as freed
-  // The host fast path (ipc::kFlagHostFast): which lanes of each slot are taken, and each
-  // communicator's lane (the same in every local member's slot).
+  // The host fast path (ipc::kFlagHostFast): which lanes of each slot are taken (each
+  // communicator's lane, the same in every local member's slot, is its ledger's: Matcher).
   std::vector<std::uint32_t> fast_lanes_taken_;  // by slot: a bit per lane
-  std::map<std::uint64_t, int> fast_lane_of_;    // by communicator id
   std::uint64_t host_fast_ops_ = 0;
   std::uint64_t host_single_copy_ops_ = 0;  // of them, by single copy (ipc::kFlagSingleCopy)
   // A lane for a new communicator whose members are all on this node; -1 when it gets none.

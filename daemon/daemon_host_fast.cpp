@@ -50,14 +50,13 @@ void Daemon::count_host_fast(const FastLedger::Ran& ran, const Communicator& com
 
 int Daemon::take_fast_lane(const Communicator& comm) {
   if (!config_.host_fast_bytes || comm.local_member_count() != comm.size()) return -1;
-  if (auto it = fast_lane_of_.find(comm.id); it != fast_lane_of_.end()) return it->second;
+  if (const FastLedger* ledger = matcher_.fast_ledger(comm.id)) return ledger->lane();
   std::uint32_t taken = 0;
   for (int s : comm.slots) taken |= fast_lanes_taken_[static_cast<std::size_t>(s)];
   for (int lane = 0; lane < ipc::kFastLanes; ++lane) {
     if (taken & (1u << lane)) continue;
     for (int s : comm.slots) fast_lanes_taken_[static_cast<std::size_t>(s)] |= 1u << lane;
-    fast_lane_of_[comm.id] = lane;
-    matcher_.open_fast_lane(comm.id);
+    matcher_.open_fast_lane(comm.id, lane);
     return lane;
   }
   return -1;  // its members' lanes are all taken: the daemon path

@@ -112,7 +112,7 @@ void Daemon::update_status(Clock::time_point now) {
                // other's inputs where they are (0: off, or refused on this node).
                {"single_copy_bytes", segment_.header().fast_single_copy_bytes},
                {"single_copy_operations", host_single_copy_ops_},
-               {"communicators", fast_lane_of_.size()}}},
+               {"communicators", matcher_.fast_lane_count()}}},
              {"internode", internode_status()},
              {"traffic", traffic_status()},
              {"stalls", std::move(stalls)},

@@ -12,8 +12,8 @@ namespace smddp::daemon {
 // A row's members are a bit each: a fast lane's communicator is all on one node.
 static_assert(ipc::kMaxLocalRanks <= 64);
 
-FastLedger::FastLedger(const Communicator& comm, std::chrono::milliseconds default_timeout)
-    : comm_(&comm), default_timeout_(default_timeout), n_(comm.size()),
+FastLedger::FastLedger(const Communicator& comm, int lane, std::chrono::milliseconds default_timeout)
+    : comm_(&comm), lane_(lane), default_timeout_(default_timeout), n_(comm.size()),
       full_(n_ >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << n_) - 1), ring_(8) {
   int top = -1;
   for (int s : comm.slots) top = std::max(top, s);

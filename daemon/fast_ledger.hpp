@@ -34,11 +34,12 @@ class FastLedger {
   // status's waits): fast operations of a healthy job finish in microseconds.
   static constexpr std::chrono::milliseconds kHandOverAfter{100};
 
-  // `comm`'s members are all on this node (it has a fast lane); `default_timeout` is the
+  // `comm`'s members are all on this node and have fast lane `lane`; `default_timeout` is the
   // collectives' timeout where a request gives none.
-  FastLedger(const Communicator& comm, std::chrono::milliseconds default_timeout);
+  FastLedger(const Communicator& comm, int lane, std::chrono::milliseconds default_timeout);
 
   const Communicator& comm() const noexcept { return *comm_; }
+  int lane() const noexcept { return lane_; }
   // The member's group rank, or -1.
   int group_rank_of(int slot) const noexcept {
     return slot >= 0 && slot < static_cast<int>(group_of_slot_.size()) ? group_of_slot_[static_cast<std::size_t>(slot)]
@@ -106,6 +107,7 @@ class FastLedger {
   std::vector<std::vector<Posted>> take_where(Pred leaves);
 
   const Communicator* comm_;
+  int lane_;
   std::chrono::milliseconds default_timeout_;
   int n_;
   std::uint64_t full_;                // every member's bit

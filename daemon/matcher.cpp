@@ -182,9 +182,9 @@ void Matcher::post_collective(const Communicator& comm, const Posted& p, std::ve
   }
 }
 
-void Matcher::open_fast_lane(std::uint64_t comm_id) {
+void Matcher::open_fast_lane(std::uint64_t comm_id, int lane) {
   if (const Communicator* comm = find(comm_id))
-    ledgers_.try_emplace(comm_id, std::make_unique<FastLedger>(*comm, default_timeout_));
+    ledgers_.try_emplace(comm_id, std::make_unique<FastLedger>(*comm, lane, default_timeout_));
 }
 
 FastLedger* Matcher::fast_ledger(std::uint64_t comm_id) noexcept {

@@ -57,8 +57,9 @@ class Matcher {
   // Queues a validated request. Returns the matches it completes (0 or 1), and the failures of
   // what it made leave a fast ledger.
   std::vector<Match> post(int slot, int group_rank, const ipc::RequestDesc& desc, Clock::time_point now);
-  // The host fast path: communicator `comm_id` (all its members on this node) got a fast lane.
-  void open_fast_lane(std::uint64_t comm_id);
+  // The host fast path: communicator `comm_id` (all its members on this node) got fast lane `lane`.
+  void open_fast_lane(std::uint64_t comm_id, int lane);
+  std::size_t fast_lane_count() const noexcept { return ledgers_.size(); }
   // Its ledger, or nullptr.
   FastLedger* fast_ledger(std::uint64_t comm_id) noexcept;
   // post() for a validated host fast-path request of member `group_rank` of the ledger's

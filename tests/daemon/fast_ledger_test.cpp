@@ -44,7 +44,7 @@ RequestDesc fast(std::uint64_t seq, std::uint64_t k, OpType op = OpType::AllRedu
 
 // A ledger of n members; member g posts from its slot.
 struct Ledger {
-  explicit Ledger(int n) : c(local_comm(n)), l(c, 1000ms) {}
+  explicit Ledger(int n) : c(local_comm(n)), l(c, 0, 1000ms) {}
   Ledger(const Ledger&) = delete;  // the ledger points at `c`
   Outcome post(int g, const RequestDesc& d, Clock::time_point at = t0) {
     return l.post(c.slots[static_cast<std::size_t>(g)], g, d, at);

@@ -705,7 +705,7 @@ RequestDesc fast(std::uint64_t seq, std::uint64_t k, std::uint64_t count = 8) {
 // A matcher of n local ranks whose world has a fast lane; rank r posts as group rank r.
 struct FastWorld {
   FastWorld(int n, std::chrono::milliseconds timeout) : m(local(n), timeout) {
-    m.open_fast_lane(0);
+    m.open_fast_lane(0, 0);
     l = m.fast_ledger(0);
   }
   std::vector<Match> post(int r, const RequestDesc& d, Clock::time_point at = t0) {
