@@ -350,6 +350,11 @@ bool ClientImpl::number_locked(OpPlan& p, SeqState& seq) {
     rule.single_copy = host_fast::single_copy(op, p.base.count, p.base.dtype, p.group_size, h.fast_single_copy_bytes);
     rule.takes = rule.single_copy || host_fast::fits(op, p.base.count, p.base.dtype, p.group_size, h.fast_cell_bytes,
                                                      h.fast_read_bytes, h.fast_reduce_bytes, h.fast_reduce_shrinks != 0);
+    if (!rule.takes && host_fast::single_copy_reduce(op, p.base.count, p.base.dtype, p.group_size,
+                                                     h.fast_single_copy_reduce_bytes,
+                                                     h.fast_single_copy_reduce_upto_bytes,
+                                                     h.fast_single_copy_reduce_wide_bytes))
+      rule.takes = rule.single_copy = true;
   }
   p.fast_single_copy = rule.single_copy;
   if (!rule.takes) return false;

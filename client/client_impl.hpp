@@ -177,6 +177,9 @@ class OpState final : public Work, public std::enable_shared_from_this<OpState> 
   // Single copy: this rank has read its output; it waits for the others to be done reading its
   // input (its fast_done marks) before it returns.
   bool fast_read_ = false;
+  // An all-reduce by single copy: this rank reduced its share and marked it (FastDone::reduced);
+  // it reads the others' shares once their marks are there.
+  bool fast_reduced_ = false;
   std::string error_;
   std::vector<std::function<void()>> callbacks_;  // this op's on_complete callbacks
   // Memory order against earlier ops (ClientImpl::touching_), under the client's mutex.
@@ -287,7 +290,10 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   void fail_fast_locked(OpState& op, Status s, const std::string& why, Deferred& callbacks);
   // What a fast op can do next, judged from the cells and marks without changing anything.
   struct FastLook {
-    enum Kind { Wait, SelfGaveUp, PeerGaveUp, Publish, Read, Finish } kind;  // Finish: its readers are done
+    // Read: every member published (an all-reduce by single copy: reduce this rank's share);
+    // Gather: every member's share of an all-reduce by single copy is reduced; Finish: its
+    // readers are done.
+    enum Kind { Wait, SelfGaveUp, PeerGaveUp, Publish, Read, Gather, Finish } kind;
     int slot = -1;          // PeerGaveUp: the member
     std::uint64_t at = 0;   // SelfGaveUp, PeerGaveUp: the number the lane was given up at
   };
@@ -314,7 +320,15 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   FastNow run_fast_now_locked(OpPlan& p, std::uint64_t& request);
   // Drops the memory-order entries of ops whose copies are over; true if none is left.
   bool retire_touches_locked();
-  bool read_fast_locked(const OpPlan& p);  // false: the members' cells hold different calls
+  // Reads op's output from the members' cells, or by single copy from their processes (an
+  // all-reduce by single copy: reduces this rank's share); false: the cells hold different calls.
+  bool read_fast_locked(const OpPlan& p);
+  // An all-reduce by single copy, once every member's share is reduced: reads the others' shares.
+  void gather_fast_locked(const OpPlan& p);
+  // Runs read(pids by group rank) over the members' processes (single copy), and names a member
+  // that ended or gave up meanwhile (OwnerGaveUp in host_fast_path.cpp).
+  template <class ReadFn>
+  void read_peers_locked(const OpPlan& p, ReadFn&& read);
   // After a read: this rank's cell of the op's next number, asked for owned.
   void prefetch_next_cell(const OpPlan& p) const;
   // For waiting threads: whether a fast op can move now (takes the lock only if free).
@@ -332,6 +346,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // start with the first such read.
   int copy_threads_;
   std::unique_ptr<CopyPool> copy_pool_;
+  std::vector<std::byte> share_scratch_;  // an all-reduce by single copy's reads (host_fast::reduce_share)
   ipc::Segment segment_;
   ipc::RankSlot& slot_;
   std::span<std::byte> arena_;

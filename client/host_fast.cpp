@@ -149,6 +149,7 @@ bool input_stays_put(OpType op, std::uint64_t count, ipc::DType dtype, int me, c
                      std::uint64_t in_bytes, const std::byte* out, std::uint64_t out_bytes) {
   const auto a = reinterpret_cast<std::uintptr_t>(in), b = reinterpret_cast<std::uintptr_t>(out);
   if (!in_bytes || !out_bytes || a + in_bytes <= b || b + out_bytes <= a) return true;
+  if (op == OpType::AllReduce) return in == out && in_bytes == out_bytes;
   return (op == OpType::AllGather || op == OpType::Gather) &&
          in == out + static_cast<std::uint64_t>(me) * count * ipc::dtype_size(dtype);
 }
@@ -209,6 +210,41 @@ void copy_output(const FastCell& call, std::size_t n, int me, std::byte* out, Co
   throw std::logic_error(std::string("the host fast path does not copy for ") + std::string(ipc::to_string(call.op)));
 }
 
+// A copy of `bytes` from member m's memory at `offset` into `dst`.
+struct Piece {
+  std::size_t m;
+  std::uint64_t offset;
+  std::byte* dst;
+  std::uint64_t bytes;
+};
+
+// Runs copy over the pieces, on this thread alone, or with a pool and enough bytes cut into equal
+// parts of whole pages (at least kMinCopyPart each) over its threads.
+template <class Copy>
+void copy_in_parts(std::span<const Piece> pieces, CopyPool* pool, Copy&& copy) {
+  std::uint64_t total = 0;
+  for (const Piece& p : pieces) total += p.bytes;
+  const int parts = pool ? static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(pool->threads()),
+                                                                    total / kMinCopyPart))
+                         : 1;
+  if (parts < 2) {
+    for (const Piece& p : pieces) copy(p.m, p.offset, p.dst, p.bytes);
+    return;
+  }
+  constexpr std::uint64_t page = 4096;
+  pool->run(parts, [&](int j) {
+    const std::uint64_t begin = total * static_cast<std::uint64_t>(j) / static_cast<std::uint64_t>(parts) / page * page;
+    const std::uint64_t end =
+        j + 1 == parts ? total : total * static_cast<std::uint64_t>(j + 1) / static_cast<std::uint64_t>(parts) / page * page;
+    std::uint64_t at = 0;  // where the piece starts among all the bytes
+    for (const Piece& p : pieces) {
+      const std::uint64_t lo = std::max(begin, at), hi = std::min(end, at + p.bytes);
+      if (lo < hi) copy(p.m, p.offset + (lo - at), p.dst + (lo - at), hi - lo);
+      at += p.bytes;
+    }
+  });
+}
+
 }  // namespace
 
 void read_output(std::span<FastCell* const> cells, std::span<const int> pids, int me, double premul_scale,
@@ -251,39 +287,100 @@ void read_output(std::span<FastCell* const> cells, std::span<const int> pids, in
   };
   if (!pool || pool->threads() < 2 || !call.by_address) return copy_output(call, cells.size(), me, out, copy);
   // Single copy with threads to spare: the copies, cut into equal parts of whole pages.
-  struct Piece {
-    std::size_t m;
-    std::uint64_t offset;
-    std::byte* dst;
-    std::uint64_t bytes;
-  };
   std::vector<Piece> pieces;
-  std::uint64_t total = 0;
   bool overlaps = false;  // its own block moves within memory it overlaps: one memmove keeps it right
   copy_output(call, cells.size(), me, out, [&](std::size_t m, std::uint64_t offset, std::byte* dst, std::uint64_t bytes) {
     pieces.push_back({m, offset, dst, bytes});
-    total += bytes;
     if (m == static_cast<std::size_t>(me) && cells[m]->by_address) {
       const auto* src = own_source(*cells[m], offset);
       overlaps = overlaps || (src != dst && src < dst + bytes && dst < src + bytes);
     }
   });
-  const auto parts = static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(pool->threads()), total / kMinCopyPart));
-  if (parts < 2 || overlaps) {
-    for (const Piece& p : pieces) copy(p.m, p.offset, p.dst, p.bytes);
-    return;
-  }
-  constexpr std::uint64_t page = 4096;
-  pool->run(parts, [&](int j) {
-    const std::uint64_t begin = total * static_cast<std::uint64_t>(j) / static_cast<std::uint64_t>(parts) / page * page;
-    const std::uint64_t end =
-        j + 1 == parts ? total : total * static_cast<std::uint64_t>(j + 1) / static_cast<std::uint64_t>(parts) / page * page;
-    std::uint64_t at = 0;  // where the piece starts among all the bytes
-    for (const Piece& p : pieces) {
-      const std::uint64_t lo = std::max(begin, at), hi = std::min(end, at + p.bytes);
-      if (lo < hi) copy(p.m, p.offset + (lo - at), p.dst + (lo - at), hi - lo);
-      at += p.bytes;
+  copy_in_parts(pieces, overlaps ? nullptr : pool, copy);
+}
+
+bool single_copy_reduce(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t from,
+                        std::uint64_t upto, std::uint64_t wide_from) {
+  if (op != OpType::AllReduce) return false;
+  const auto in = bytes_of(1, count, dtype);
+  if (!in) return false;
+  if (members == 2) return from != 0 && *in >= from && (upto == 0 || *in <= upto);
+  // Every member pins pages of every other and waits for all of them: measured behind the
+  // arenas with 8 members at every size, with 4 below 16 MiB (docs/performance.md).
+  return (members == 3 || members == 4) && wide_from != 0 && *in >= wide_from;
+}
+
+namespace {
+
+// Parts of [lo, hi) elements for `parts` threads, whole 64-element runs (no cache line written
+// by two of them): part j's [first, second).
+std::pair<std::uint64_t, std::uint64_t> part_of(std::uint64_t lo, std::uint64_t hi, int parts, int j) {
+  const auto cut = [&](int i) {
+    if (i == parts) return hi;
+    return std::min(hi, lo + (hi - lo) * static_cast<std::uint64_t>(i) / static_cast<std::uint64_t>(parts) / 64 * 64);
+  };
+  return {cut(j), cut(j + 1)};
+}
+
+int parts_for(CopyPool* pool, std::uint64_t bytes) {
+  if (!pool || pool->threads() < 2) return 1;
+  return static_cast<int>(std::clamp<std::uint64_t>(bytes / kMinCopyPart, 1, static_cast<std::uint64_t>(pool->threads())));
+}
+
+}  // namespace
+
+void reduce_share(std::span<FastCell* const> cells, std::span<const int> pids, int me, double premul_scale,
+                  std::byte* out, std::vector<std::byte>& scratch, CopyPool* pool) {
+  const FastCell& call = *cells[static_cast<std::size_t>(me)];
+  const std::size_t n = cells.size();
+  if (pids.size() < n) throw std::logic_error("the host fast path lacks a member's pid");
+  const std::uint64_t elem = ipc::dtype_size(call.dtype);
+  const auto [lo, hi] = ipc::share_range(call.count, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(me));
+  if (lo == hi) return;
+  const std::uint64_t piece = kSharePiece / elem;  // elements a read takes
+  const int parts = parts_for(pool, (hi - lo) * elem);
+  const std::uint64_t per_part = (n - 1) * kSharePiece;
+  if (scratch.size() < static_cast<std::uint64_t>(parts) * per_part) scratch.resize(static_cast<std::uint64_t>(parts) * per_part);
+  const auto* own = reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(Segment::fast_address(call)));
+  host_kernels::ReduceParams params;
+  params.premul_scale = premul_scale;
+  const auto run_part = [&](int j) {
+    const auto [first, last] = part_of(lo, hi, parts, j);
+    std::byte* mine = scratch.data() + static_cast<std::uint64_t>(j) * per_part;
+    std::array<const void*, ipc::kMaxLocalRanks> in{};
+    for (std::uint64_t at = first; at < last; at += piece) {
+      const std::uint64_t count = std::min(piece, last - at);
+      std::byte* next = mine;
+      for (std::size_t m = 0; m < n; ++m) {
+        if (m == static_cast<std::size_t>(me)) {
+          in[m] = own + at * elem;
+          continue;
+        }
+        ipc::read_peer(pids[m], Segment::fast_address(*cells[m]) + at * elem, next, count * elem);
+        in[m] = next;
+        next += kSharePiece;
+      }
+      host_kernels::host_reduce(call.dtype, call.reduce_op, std::span<const void* const>(in.data(), n), out + at * elem,
+                                count, params);
     }
+  };
+  if (parts < 2) return run_part(0);
+  pool->run(parts, run_part);
+}
+
+void gather_shares(std::span<FastCell* const> cells, std::span<const int> pids, int me, std::byte* out, CopyPool* pool) {
+  const FastCell& call = *cells[static_cast<std::size_t>(me)];
+  const std::size_t n = cells.size();
+  if (pids.size() < n) throw std::logic_error("the host fast path lacks a member's pid");
+  const std::uint64_t elem = ipc::dtype_size(call.dtype);
+  std::vector<Piece> pieces;
+  for (std::size_t m = 0; m < n; ++m) {
+    if (m == static_cast<std::size_t>(me)) continue;
+    const auto [lo, hi] = ipc::share_range(call.count, static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(m));
+    if (lo < hi) pieces.push_back({m, lo * elem, out + lo * elem, (hi - lo) * elem});
+  }
+  copy_in_parts(pieces, pool, [&](std::size_t m, std::uint64_t offset, std::byte* dst, std::uint64_t bytes) {
+    ipc::read_peer(pids[m], Segment::fast_output_address(*cells[m]) + offset, dst, bytes);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "client/copy_pool.hpp"
 #include "ipc/segment.hpp"
@@ -39,9 +40,20 @@ bool fits(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, st
 // cell or read limit applies: the members read each other's inputs where they are.
 bool single_copy(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t single_copy_bytes);
 
+// Whether an all-reduce that does not take the cells (fits) takes the fast path by single copy in
+// two phases (reduce_share, then gather_shares), alike on every member, from the node's limits
+// (SegmentHeader::fast_single_copy_reduce_bytes and the two after it): with 2 members an input
+// of at least `from` and at most `upto` (0: any), with 3 or 4 at least `wide_from`; 0 in `from`
+// or `wide_from`: never. Each member reads (n - 1) / n of an input and of an output where the
+// split through the arenas copies a whole input in and a whole output out, and no daemon
+// answer comes between.
+bool single_copy_reduce(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t from,
+                        std::uint64_t upto, std::uint64_t wide_from);
+
 // Whether member `me` may let the others read its input (`in_bytes` at `in`) while it writes its
 // output (`out_bytes` at `out`): the two do not overlap, or only where its own block lands on
-// itself (an in-place all-gather or gather). Otherwise it publishes a copy.
+// itself (an in-place all-gather or gather), or an in-place all-reduce (by single copy each share
+// of the input is read by its owner before anyone writes it). Otherwise it publishes a copy.
 bool input_stays_put(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int me, const std::byte* in,
                      std::uint64_t in_bytes, const std::byte* out, std::uint64_t out_bytes);
 
@@ -60,6 +72,20 @@ bool same_call(const ipc::FastCell& a, const ipc::FastCell& b);
 // out in parts of at least kMinCopyPart.
 void read_output(std::span<ipc::FastCell* const> cells, std::span<const int> pids, int me, double premul_scale,
                  std::byte* out, CopyPool* pool = nullptr);
+// An all-reduce by single copy, phase 1: member `me` reduces its share (ipc::share_range) of every
+// member's input, the others' read from their processes (`pids`) piece by piece into `scratch`,
+// in group-rank order into the same elements of `out` (its output, which may be its input).
+// Every share is reduced by one member, so every member ends with the same bits. Throws
+// std::runtime_error when a read fails.
+void reduce_share(std::span<ipc::FastCell* const> cells, std::span<const int> pids, int me, double premul_scale,
+                  std::byte* out, std::vector<std::byte>& scratch, CopyPool* pool = nullptr);
+// Phase 2, once every member's FastDone::reduced reached the operation: copies every other
+// member's share from its output (Segment::fast_output_address) into `out`.
+void gather_shares(std::span<ipc::FastCell* const> cells, std::span<const int> pids, int me, std::byte* out,
+                   CopyPool* pool = nullptr);
+// Bytes of each member's input a phase-1 read takes into the scratch at once: the reduction then
+// reads them from this core's cache.
+inline constexpr std::uint64_t kSharePiece = 128ull << 10;
 // A part smaller than this costs more to hand to a helper thread (a wake-up, tens of us in a
 // VM) than it saves.
 inline constexpr std::uint64_t kMinCopyPart = 1ull << 20;

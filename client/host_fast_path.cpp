@@ -15,6 +15,13 @@
 // (process_vm_readv), and it returns only once every member's fast_done reached k: until then its
 // input is being read. A reader that finds the owner gave up at k after reading fails too: the
 // owner may have returned, and its caller written over the input, during the read.
+//
+// An all-reduce by single copy (beyond the cells; host_fast::single_copy_reduce) takes two
+// phases: each member reduces its share of every member's input into its own output and marks
+// it (FastDone::reduced), then, once every member's mark reached k, reads the others' shares
+// from their outputs and publishes k in fast_done. Its output's address is in its cell too. An
+// in-place member writes share s of its tensor only once member s, the only other reader of it,
+// marked its share: done reading.
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -34,6 +41,9 @@ std::string rank_of_slot(const ipc::Segment& seg, int slot) { return std::to_str
 struct OwnerGaveUp : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// An all-reduce by single copy: two phases (reduce a share, read the others').
+bool by_shares(const OpPlan& p) { return p.fast_single_copy && p.base.op == ipc::OpType::AllReduce; }
 
 }  // namespace
 
@@ -114,6 +124,12 @@ ClientImpl::FastLook ClientImpl::look_fast_locked(const OpState& op) const {
     return {FastLook::Publish};
   }
   if (op.fast_mismatch_) return {FastLook::Wait};  // the daemon's answer decides
+  if (op.fast_reduced_ && !op.fast_read_) {
+    // Every member's share must be reduced before this rank reads it.
+    for (int s : p.comm_state->fast_slots)
+      if (segment_.slot(s).fast_done[lane].reduced.load(std::memory_order_acquire) < k) return blocked_by(s, k);
+    return {FastLook::Gather};
+  }
   if (op.fast_read_) {
     // Single copy: the others read this rank's input until their marks reach k. One that gave
     // the lane up at or before k reads no more.
@@ -164,6 +180,7 @@ std::uint64_t ClientImpl::publish_cell_locked(OpPlan& p, std::uint64_t in_span, 
     }
     cell.by_address = 1;
     ipc::Segment::set_fast_address(cell, reinterpret_cast<std::uintptr_t>(source));
+    if (by_shares(p)) ipc::Segment::set_fast_output_address(cell, reinterpret_cast<std::uintptr_t>(p.out));
   } else {
     cell.by_address = 0;
     if (bytes) std::memcpy(ipc::Segment::fast_input(cell), p.in, bytes);
@@ -261,6 +278,39 @@ void ClientImpl::prefetch_next_cell(const OpPlan& p) const {
                             offsetof(ipc::FastCell, input) + p.fast_largest_input);
 }
 
+template <class ReadFn>
+void ClientImpl::read_peers_locked(const OpPlan& p, ReadFn&& read) {
+  const auto& slots = p.comm_state->fast_slots;
+  std::array<int, ipc::kMaxLocalRanks> pids{};
+  for (std::size_t m = 0; m < slots.size(); ++m) pids[m] = segment_.slot(slots[m]).pid;
+  if (!copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_);
+  try {
+    read(std::span<const int>(pids.data(), slots.size()));
+  } catch (const std::runtime_error& e) {
+    // A member that ended meanwhile is the failure (the job's error follows), not the mechanism.
+    for (std::size_t m = 0; m < slots.size(); ++m)
+      if (!ipc::process_alive(pids[m]))
+        throw OwnerGaveUp("rank " + rank_of_slot(segment_, slots[m]) + " (pid " + std::to_string(pids[m]) +
+                          ") ended while this rank read its memory");
+    throw std::runtime_error(std::string(e.what()) +
+                             " (host collectives by single copy; daemon.host_single_copy_kib=off copies through "
+                             "shared memory instead)");
+  }
+  // An owner that gave up at this number may have returned during the read, and its caller
+  // written over what was read: the marks are looked at after the bytes (the fence orders them).
+  // TSan refuses fences, and it does not see the kernel's reads in any case.
+#if !defined(__SANITIZE_THREAD__)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+  for (std::size_t m = 0; m < slots.size(); ++m) {
+    const auto g = segment_.slot(slots[m]).fast_done[p.fast_lane].given_up.load(std::memory_order_acquire);
+    if (static_cast<int>(m) != p.group_rank && g != 0 && g <= p.fast_k)
+      throw OwnerGaveUp("rank " + rank_of_slot(segment_, slots[m]) +
+                        " gave up on this collective while its memory was read (its fast op #" + std::to_string(g) +
+                        ")");
+  }
+}
+
 // Reads op's output from the members' cells; false when the cells hold different calls.
 bool ClientImpl::read_fast_locked(const OpPlan& p) {
   const auto& slots = p.comm_state->fast_slots;
@@ -276,36 +326,23 @@ bool ClientImpl::read_fast_locked(const OpPlan& p) {
     host_fast::read_output(members, {}, p.group_rank, p.base.scale, p.out);
     return true;
   }
-  std::array<int, ipc::kMaxLocalRanks> pids{};
-  for (std::size_t m = 0; m < slots.size(); ++m) pids[m] = segment_.slot(slots[m]).pid;
-  if (!copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_);
-  try {
-    host_fast::read_output(members, std::span<const int>(pids.data(), slots.size()), p.group_rank, p.base.scale,
-                           p.out, copy_pool_.get());
-  } catch (const std::runtime_error& e) {
-    // A member that ended meanwhile is the failure (the job's error follows), not the mechanism.
-    for (std::size_t m = 0; m < slots.size(); ++m)
-      if (!ipc::process_alive(pids[m]))
-        throw OwnerGaveUp("rank " + rank_of_slot(segment_, slots[m]) + " (pid " + std::to_string(pids[m]) +
-                          ") ended while this rank read its input");
-    throw std::runtime_error(std::string(e.what()) +
-                             " (host collectives by single copy; daemon.host_single_copy_kib=off copies through "
-                             "shared memory instead)");
-  }
-  // An owner that gave up at this number may have returned during the read, and its caller
-  // written over what was read: the marks are looked at after the bytes (the fence orders them).
-  // TSan refuses fences, and it does not see the kernel's reads in any case.
-#if !defined(__SANITIZE_THREAD__)
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-#endif
-  for (std::size_t m = 0; m < slots.size(); ++m) {
-    const auto g = segment_.slot(slots[m]).fast_done[p.fast_lane].given_up.load(std::memory_order_acquire);
-    if (static_cast<int>(m) != p.group_rank && g != 0 && g <= p.fast_k)
-      throw OwnerGaveUp("rank " + rank_of_slot(segment_, slots[m]) +
-                               " gave up on this collective while its input was read (its fast op #" +
-                               std::to_string(g) + ")");
-  }
+  read_peers_locked(p, [&](std::span<const int> pids) {
+    if (by_shares(p))
+      host_fast::reduce_share(members, pids, p.group_rank, p.base.scale, p.out, share_scratch_, copy_pool_.get());
+    else
+      host_fast::read_output(members, pids, p.group_rank, p.base.scale, p.out, copy_pool_.get());
+  });
   return true;
+}
+
+void ClientImpl::gather_fast_locked(const OpPlan& p) {
+  const auto& slots = p.comm_state->fast_slots;
+  std::array<ipc::FastCell*, ipc::kMaxLocalRanks> cells;
+  for (std::size_t m = 0; m < slots.size(); ++m) cells[m] = &segment_.fast_cell(slots[m], p.fast_lane, p.fast_k);
+  read_peers_locked(p, [&](std::span<const int> pids) {
+    host_fast::gather_shares(std::span<ipc::FastCell* const>(cells.data(), slots.size()), pids, p.group_rank, p.out,
+                             copy_pool_.get());
+  });
 }
 
 void ClientImpl::advance_fast_locked(Deferred& callbacks) {
@@ -367,8 +404,15 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
             fail_fast_locked(op, Status::Internal, std::string("host fast path: ") + e.what(), callbacks);
             break;
           }
-          slot_.fast_done[p.fast_lane].k.store(p.fast_k, std::memory_order_release);
           ring = true;
+          if (by_shares(p)) {
+            // Its share is in its output: the others read it from there.
+            slot_.fast_done[p.fast_lane].reduced.store(p.fast_k, std::memory_order_release);
+            op.fast_reduced_ = true;
+            again = true;
+            break;
+          }
+          slot_.fast_done[p.fast_lane].k.store(p.fast_k, std::memory_order_release);
           if (p.fast_single_copy) {
             op.fast_read_ = true;  // the others may still read its input
             again = true;
@@ -377,6 +421,21 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           prefetch_next_cell(p);
           finish_locked(op, callbacks);
           finished = true;
+          break;
+        case FastLook::Gather:
+          try {
+            gather_fast_locked(p);
+          } catch (const OwnerGaveUp& e) {
+            fail_fast_locked(op, Status::PeerFailed, what() + ": " + e.what(), callbacks);
+            break;
+          } catch (const std::exception& e) {
+            fail_fast_locked(op, Status::Internal, std::string("host fast path: ") + e.what(), callbacks);
+            break;
+          }
+          slot_.fast_done[p.fast_lane].k.store(p.fast_k, std::memory_order_release);
+          ring = true;
+          op.fast_read_ = true;  // the others may still read its output's share, and its input
+          again = true;
           break;
         case FastLook::Finish:
           finish_locked(op, callbacks);

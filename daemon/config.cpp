@@ -74,6 +74,12 @@ const std::map<std::string, Setter>& keys() {
          if (v == "off") c.host_single_copy_min_bytes = std::nullopt;
          else c.host_single_copy_min_bytes = static_cast<std::uint64_t>(parse_int(key, v, 1, 1 << 22)) << 10;
        }},
+      {"daemon.host_single_copy_reduce_kib",
+       [](DaemonConfig& c, const std::string& key, const std::string& v) {
+         if (v == "auto") c.host_single_copy_reduce = SingleCopyReduce{};
+         else if (v == "off") c.host_single_copy_reduce = SingleCopyReduce::fixed(std::nullopt);
+         else c.host_single_copy_reduce = SingleCopyReduce::fixed(static_cast<std::uint64_t>(parse_int(key, v, 1, 1 << 22)) << 10);
+       }},
       {"daemon.stall_warning_s",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
          c.stall_warning = seconds(parse_int(key, v, 0, 86400 * 7));

@@ -52,6 +52,34 @@ struct HostFastReduce {
   bool operator==(const HostFastReduce&) const = default;
 };
 
+// daemon.host_single_copy_reduce_kib: "auto" (the default), a size, or "off". An all-reduce
+// beyond the cells' limits takes the host fast path by single copy in two phases
+// (SegmentHeader::fast_single_copy_reduce_bytes): each member reads (n - 1) / n of an input and
+// of an output from the others' processes, where the split through the arenas copies a whole
+// input in and a whole output out. Auto: with 2 members from 64 KiB, and with 3 or 4 from
+// 16 MiB, when the ranks and the daemon have a core each; with 2 members at 64 KiB-4 MiB when
+// they share cores. Measured (docs/performance.md): 2 members 1.3-3.6x the split on 16 cores,
+// 1.1-1.4x to 4 MiB and 0.7x at 16 MiB on 2; 4 members 1.3-1.6x from 16 MiB, 0.8-1.1x below; 8
+// members 0.6-0.9x (every member pins pages of every other, and they wait on each other). A
+// size: 2 members from it, at any size, and never with more.
+struct SingleCopyReduce {
+  static constexpr std::uint64_t kFrom = 64ull << 10;
+  static constexpr std::uint64_t kUptoSharedCores = 4ull << 20;
+  static constexpr std::uint64_t kWideFrom = 16ull << 20;
+  bool automatic = true;
+  std::optional<std::uint64_t> bytes;  // when not automatic; nullopt: off
+  static SingleCopyReduce fixed(std::optional<std::uint64_t> b) { return {false, b}; }
+  struct Resolved {
+    std::uint64_t from = 0, upto = 0, wide_from = 0;  // SegmentHeader's three; 0 as there
+  };
+  Resolved resolve(bool shared_cores) const {
+    if (!automatic) return {bytes.value_or(0), 0, 0};
+    if (shared_cores) return {kFrom, kUptoSharedCores, 0};
+    return {kFrom, 0, kWideFrom};
+  }
+  bool operator==(const SingleCopyReduce&) const = default;
+};
+
 struct DaemonConfig {
   std::string config_path;  // "" when built-in defaults are used
   std::uint64_t arena_bytes = 32ull << 20;
@@ -80,6 +108,8 @@ struct DaemonConfig {
   // are, with process_vm_readv (SegmentHeader::fast_single_copy_bytes). nullopt: off. Off, too,
   // where the ranks cannot read each other's memory (ipc::peer_reads_unavailable).
   std::optional<std::uint64_t> host_single_copy_min_bytes = 64ull << 10;
+  // All-reduces beyond the cells by single copy in two phases (SingleCopyReduce).
+  SingleCopyReduce host_single_copy_reduce;
   std::chrono::seconds stall_warning{60};
   std::chrono::seconds collective_timeout{1800};
   std::chrono::seconds exit_grace{10};

@@ -73,6 +73,12 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
       spdlog::info("host collectives by single copy are off: {}; daemon.host_single_copy_kib=off silences this", *why);
     else
       s.fast_single_copy_bytes = *c.host_single_copy_min_bytes;
+    if (s.fast_single_copy_bytes) {
+      const auto r = c.host_single_copy_reduce.resolve(shared_cores);
+      s.fast_single_copy_reduce_bytes = r.from;
+      s.fast_single_copy_reduce_upto_bytes = r.upto;
+      s.fast_single_copy_reduce_wide_bytes = r.wide_from;
+    }
   }
   return s;
 }

@@ -111,6 +111,12 @@ void Daemon::update_status(Clock::time_point now) {
                // Collectives that only move bytes from this input size on: the members read each
                // other's inputs where they are (0: off, or refused on this node).
                {"single_copy_bytes", segment_.header().fast_single_copy_bytes},
+               // All-reduces beyond the cells by single copy in two phases: 2 members from
+               // this input size (0: never) up to the next (0: any size), 3 or 4 members from
+               // the third (0: never).
+               {"single_copy_reduce_bytes", segment_.header().fast_single_copy_reduce_bytes},
+               {"single_copy_reduce_upto_bytes", segment_.header().fast_single_copy_reduce_upto_bytes},
+               {"single_copy_reduce_wide_bytes", segment_.header().fast_single_copy_reduce_wide_bytes},
                {"single_copy_operations", host_single_copy_ops_},
                {"communicators", matcher_.fast_lane_count()}}},
              {"internode", internode_status()},

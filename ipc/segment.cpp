@@ -228,6 +228,11 @@ Segment Segment::create(const SegmentSpec& spec) {
   h->fast_reduce_bytes = spec.fast_reduce_bytes;
   h->fast_reduce_shrinks = spec.fast_reduce_shrinks ? 1 : 0;
   h->fast_single_copy_bytes = spec.fast_cell_bytes ? spec.fast_single_copy_bytes : 0;
+  if (h->fast_single_copy_bytes) {
+    h->fast_single_copy_reduce_bytes = spec.fast_single_copy_reduce_bytes;
+    h->fast_single_copy_reduce_upto_bytes = spec.fast_single_copy_reduce_upto_bytes;
+    h->fast_single_copy_reduce_wide_bytes = spec.fast_single_copy_reduce_wide_bytes;
+  }
   std::strncpy(h->job_id, spec.job_id.c_str(), kJobIdBytes - 1);
   seg.header_ = h;
   for (int r = 0; r < spec.local_world_size; ++r) {

@@ -29,7 +29,7 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 15;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+inline constexpr std::uint32_t kLayoutVersion = 16;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
                                                      // 5: released allocations; 6: reads from the members' arenas;
                                                      // 7: hierarchical GPU operations, staged bytes;
                                                      // 8: the host fast path's cells; 9: shares reduced by the ranks;
@@ -40,6 +40,7 @@ inline constexpr std::uint32_t kLayoutVersion = 15;  // 3: completion kinds and 
                                                      // 14: FastCell::done_then, a 32-bit FastCell::seq
                                                      // 15: the input from the cell's first line,
                                                      //     FastDone::given_up on a line of its own
+                                                     // 16: all-reduce by single copy (FastDone::reduced)
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -75,7 +76,8 @@ struct FastCell {
   // 1: single copy (SegmentHeader::fast_single_copy_bytes): the input stays in the member's own
   // memory, at the address the input's place holds (Segment::fast_address), in the process of
   // its slot's pid, and the others read it from there (ipc/cross_memory.hpp); the member waits
-  // for their fast_done before it returns.
+  // for their fast_done before it returns. An all-reduce by single copy also holds its output's
+  // address (Segment::fast_output_address), where the others read its reduced share.
   std::uint8_t by_address = 0;
   // The input starts here, in the tag's line, and runs on into the SegmentHeader::fast_cell_bytes
   // that follow the cell: a member that sees the tag of a small input (a loss scalar, a count:
@@ -94,6 +96,10 @@ struct alignas(64) FastDone {
   // The first fast-op number of the lane whose operation failed on this rank (0: none). The
   // others stop waiting for its cells from there on: it may never publish them.
   alignas(64) std::atomic<std::uint64_t> given_up{0};
+  // An all-reduce by single copy (SegmentHeader::fast_single_copy_reduce_bytes): the last
+  // fast-op number of the lane whose share this rank reduced into its output, where the others
+  // then read it. Written once such an operation, read by the members that wait for the share.
+  alignas(64) std::atomic<std::uint64_t> reduced{0};
 };
 
 enum class DaemonState : std::uint32_t { Starting = 0, Ready = 1, Failed = 2, Stopping = 3 };
@@ -125,6 +131,16 @@ struct SegmentHeader {
   // the members read each other's inputs where they are (FastCell::by_address). 0: never (off,
   // or the ranks cannot read each other's memory: ipc::peer_reads_unavailable).
   std::uint64_t fast_single_copy_bytes = 0;
+  // An all-reduce that does not take the cells (fast_cell_bytes, fast_read_bytes,
+  // fast_reduce_bytes) takes the fast path by single copy in two phases: each member reduces
+  // its share (ipc::share_range) of every member's input, read where it is, into its own
+  // output, then reads the others' shares from their outputs. With 2 members from
+  // fast_single_copy_reduce_bytes of input (0: never) up to fast_single_copy_reduce_upto_bytes
+  // (0: any size); with 3 or 4 from fast_single_copy_reduce_wide_bytes (0: never). Never with
+  // more, nor where single copy is off.
+  std::uint64_t fast_single_copy_reduce_bytes = 0;
+  std::uint64_t fast_single_copy_reduce_upto_bytes = 0;
+  std::uint64_t fast_single_copy_reduce_wide_bytes = 0;
   char job_id[kJobIdBytes] = {};
   std::atomic<std::uint32_t> state{0};
   std::atomic<std::uint64_t> heartbeat{0};
@@ -230,6 +246,10 @@ struct SegmentSpec {
   std::uint64_t fast_reduce_bytes = 1ull << 20; // see SegmentHeader::fast_reduce_bytes
   bool fast_reduce_shrinks = false;              // see SegmentHeader::fast_reduce_shrinks
   std::uint64_t fast_single_copy_bytes = 0;      // see SegmentHeader::fast_single_copy_bytes
+  // see SegmentHeader::fast_single_copy_reduce_bytes and the two after it
+  std::uint64_t fast_single_copy_reduce_bytes = 0;
+  std::uint64_t fast_single_copy_reduce_upto_bytes = 0;
+  std::uint64_t fast_single_copy_reduce_wide_bytes = 0;
 };
 
 std::uint64_t segment_bytes_for(const SegmentSpec& spec);
@@ -281,6 +301,15 @@ class Segment {
     return a;
   }
   static void set_fast_address(FastCell& c, std::uint64_t a) noexcept { std::memcpy(c.input, &a, sizeof a); }
+  // An all-reduce by single copy: its output's address, after the input's.
+  static std::uint64_t fast_output_address(const FastCell& c) noexcept {
+    std::uint64_t a;
+    std::memcpy(&a, c.input + sizeof a, sizeof a);
+    return a;
+  }
+  static void set_fast_output_address(FastCell& c, std::uint64_t a) noexcept {
+    std::memcpy(c.input + sizeof a, &a, sizeof a);
+  }
   const std::string& name() const noexcept { return name_; }
   bool owner() const noexcept { return owner_; }
   // The owner unlinks the name on destruction unless released (a forked child must not).

@@ -48,9 +48,11 @@ constexpr std::uint64_t kCell = 4096;
 enum class Spin { Machine, CoreEach };
 
 struct Job {
+  // single_copy_reduce: all-reduces by single copy from that input size, with 2, 3 or 4 members.
   explicit Job(int n, std::uint64_t cell = kCell, std::uint64_t read = 1ull << 20, std::uint64_t reduce = 1ull << 20,
-               bool reduce_shrinks = false, std::uint64_t single_copy = 0, Spin spin = Spin::Machine)
-      : job(unique_job("fast")), daemon(spec(job, n, cell, read, reduce, reduce_shrinks, single_copy)) {
+               bool reduce_shrinks = false, std::uint64_t single_copy = 0, std::uint64_t single_copy_reduce = 0,
+               Spin spin = Spin::Machine)
+      : job(unique_job("fast")), daemon(spec(job, n, cell, read, reduce, reduce_shrinks, single_copy, single_copy_reduce)) {
     daemon.start();
     for (int r = 0; r < n; ++r) {
       auto o = attach_options(job, r, n, n);
@@ -58,11 +60,14 @@ struct Job {
       ranks.push_back(Client::attach(o));
     }
   }
-  Job(int n, Spin spin) : Job(n, kCell, 1ull << 20, 1ull << 20, false, 0, spin) {}
+  Job(int n, Spin spin) : Job(n, kCell, 1ull << 20, 1ull << 20, false, 0, 0, spin) {}
   static ipc::SegmentSpec spec(const std::string& job, int n, std::uint64_t cell, std::uint64_t read,
-                               std::uint64_t reduce, bool reduce_shrinks, std::uint64_t single_copy) {
+                               std::uint64_t reduce, bool reduce_shrinks, std::uint64_t single_copy,
+                               std::uint64_t single_copy_reduce) {
     auto s = small_spec(job, n, n);
     s.fast_single_copy_bytes = single_copy;
+    s.fast_single_copy_reduce_bytes = single_copy_reduce;
+    s.fast_single_copy_reduce_wide_bytes = single_copy_reduce;
     s.fast_cell_bytes = cell;
     s.fast_read_bytes = read;
     s.fast_reduce_bytes = reduce;
@@ -721,6 +726,8 @@ TEST(HostFastSingleCopy, AMemberPublishesItsOwnInputUnlessItsWritesWouldChangeIt
   EXPECT_TRUE(input_stays_put(OpType::Broadcast, n, DType::Float32, 0, b, 1024, b, 0));             // the root writes nothing
   EXPECT_FALSE(input_stays_put(OpType::AllToAll, n, DType::Float32, 0, b, 2048, b, 2048));             // in place
   EXPECT_FALSE(input_stays_put(OpType::Scatter, n, DType::Float32, 0, b, 2048, b + 1024, 1024));       // the root's block 1
+  EXPECT_TRUE(input_stays_put(OpType::AllReduce, n, DType::Float32, 0, b, 1024, b, 1024));             // in place
+  EXPECT_FALSE(input_stays_put(OpType::AllReduce, n, DType::Float32, 0, b + 64, 1024, b, 1024));       // overlapping
 }
 
 // Every collective that takes it, at 4x the cell, for 2 and 3 members, in and out of place;
@@ -879,7 +886,7 @@ TEST(HostFastSingleCopy, AReadThatFailsIsANamedErrorAndEndsTheCommunicatorsFastP
       }
     });
     if (ended) {
-      EXPECT_NE(errors[0].find("rank 1 (pid " + std::to_string(owner) + ") ended while this rank read its input"),
+      EXPECT_NE(errors[0].find("rank 1 (pid " + std::to_string(owner) + ") ended while this rank read its memory"),
                 std::string::npos) << errors[0];
     } else {
       EXPECT_NE(errors[0].find("process_vm_readv"), std::string::npos) << errors[0];
@@ -890,6 +897,201 @@ TEST(HostFastSingleCopy, AReadThatFailsIsANamedErrorAndEndsTheCommunicatorsFastP
       ::kill(owner, SIGKILL);
       ::waitpid(owner, nullptr, 0);
     }
+  }
+}
+
+// --- All-reduce by single copy: each member reduces a share, then reads the others' ------------
+
+// Beyond the cells: with 2 members from its size (up to a bound where there is one), with 3 or
+// 4 from the wide size, never with more, and never for another operation.
+TEST(HostFastSingleCopyReduce, TakesAllReduceByMembersAndSize) {
+  using smddp::client::host_fast::single_copy_reduce;
+  constexpr std::uint64_t from = 64 << 10, upto = 4 << 20, wide = 16 << 20;
+  EXPECT_TRUE(single_copy_reduce(OpType::AllReduce, from / 4, DType::Float32, 2, from, 0, wide));
+  EXPECT_FALSE(single_copy_reduce(OpType::AllReduce, from / 4 - 1, DType::Float32, 2, from, 0, wide));
+  EXPECT_TRUE(single_copy_reduce(OpType::AllReduce, 1ull << 30, DType::Float32, 2, from, 0, wide));  // no bound
+  EXPECT_TRUE(single_copy_reduce(OpType::AllReduce, upto / 2, DType::Float16, 2, from, upto, 0));
+  EXPECT_FALSE(single_copy_reduce(OpType::AllReduce, upto / 2 + 1, DType::Float16, 2, from, upto, 0));
+  EXPECT_FALSE(single_copy_reduce(OpType::AllReduce, 1ull << 20, DType::Float32, 2, 0, 0, wide));  // off
+  for (int members : {3, 4}) {
+    EXPECT_FALSE(single_copy_reduce(OpType::AllReduce, wide / 4 - 1, DType::Float32, members, from, 0, wide));
+    EXPECT_TRUE(single_copy_reduce(OpType::AllReduce, wide / 4, DType::Float32, members, from, 0, wide));
+    EXPECT_FALSE(single_copy_reduce(OpType::AllReduce, 1ull << 30, DType::Float32, members, from, 0, 0));
+  }
+  EXPECT_FALSE(single_copy_reduce(OpType::AllReduce, 1ull << 30, DType::Float32, 5, from, 0, wide));
+  EXPECT_FALSE(single_copy_reduce(OpType::AllReduce, 1ull << 30, DType::Float32, 8, from, 0, wide));
+  for (auto op : {OpType::Reduce, OpType::ReduceScatter, OpType::AllGather, OpType::Broadcast})
+    EXPECT_FALSE(single_copy_reduce(op, 1ull << 20, DType::Float32, 2, from, 0, wide)) << ipc::to_string(op);
+}
+
+// 2, 3 and 4 members, in and out of place, a count whose shares are uneven (whole 64-element
+// runs; the last member's is shorter): every member ends with the same bits, the sum in
+// group-rank order, for float32 sums (inexact), averages, maxima and int64 sums.
+TEST(HostFastSingleCopyReduce, EveryMemberGetsTheSameBitsInAndOutOfPlace) {
+  SKIP_WITHOUT_PEER_READS();
+  for (int members : {2, 3, 4}) {
+    SCOPED_TRACE(members);
+    Job j(members, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy, kSingleCopy);
+    constexpr std::uint64_t n = 5000;  // 20,000 bytes: beyond the cells, 2.4x the single-copy size
+    const auto value = [](int r, std::uint64_t i) { return 0.1f * static_cast<float>(i + 1) * static_cast<float>(r + 1) + 1e-3f * static_cast<float>(r); };
+    std::vector<std::vector<float>> sums(static_cast<std::size_t>(members)), avgs = sums, maxes = sums, in_place = sums;
+    std::vector<std::vector<std::int64_t>> ints(static_cast<std::size_t>(members));
+    j.each([&](int r) {
+      auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+      const auto rr = static_cast<std::size_t>(r);
+      std::vector<float> in(n);
+      for (std::uint64_t i = 0; i < n; ++i) in[i] = value(r, i);
+      sums[rr].assign(n, -1.f);
+      w->allreduce(in.data(), sums[rr].data(), n, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+      avgs[rr].assign(n, -1.f);
+      w->allreduce(in.data(), avgs[rr].data(), n, DType::Float32, ReduceOp::Avg)->wait(10000ms);
+      maxes[rr].assign(n, -1.f);
+      std::vector<float> m(n);
+      for (std::uint64_t i = 0; i < n; ++i) m[i] = static_cast<float>((i * 7 + static_cast<std::uint64_t>(r) * 13) % 101);
+      w->allreduce(m.data(), maxes[rr].data(), n, DType::Float32, ReduceOp::Max)->wait(10000ms);
+      std::vector<std::int64_t> k(n);
+      for (std::uint64_t i = 0; i < n; ++i) k[i] = static_cast<std::int64_t>(i) * (1ll << 40) + r;
+      ints[rr].assign(n, -1);
+      w->allreduce(k.data(), ints[rr].data(), n, DType::Int64, ReduceOp::Sum)->wait(10000ms);
+      in_place[rr] = in;
+      w->allreduce(in_place[rr].data(), in_place[rr].data(), n, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+    });
+    for (std::uint64_t i = 0; i < n; ++i) {
+      float sum = value(0, i);
+      float most = static_cast<float>((i * 7) % 101);
+      std::int64_t isum = static_cast<std::int64_t>(i) * (1ll << 40);
+      for (int r = 1; r < members; ++r) {
+        sum += value(r, i);
+        most = std::max(most, static_cast<float>((i * 7 + static_cast<std::uint64_t>(r) * 13) % 101));
+        isum += static_cast<std::int64_t>(i) * (1ll << 40) + r;
+      }
+      ASSERT_EQ(sums[0][i], sum) << "sum " << i;
+      ASSERT_NEAR(avgs[0][i], sum / static_cast<float>(members), 1e-5f * sum) << "avg " << i;
+      ASSERT_EQ(maxes[0][i], most) << "max " << i;
+      ASSERT_EQ(ints[0][i], isum) << "int64 sum " << i;
+      ASSERT_EQ(in_place[0][i], sum) << "in-place sum " << i;
+    }
+    for (std::size_t r = 1; r < static_cast<std::size_t>(members); ++r) {
+      EXPECT_EQ(0, std::memcmp(sums[r].data(), sums[0].data(), n * 4)) << "rank " << r;
+      EXPECT_EQ(0, std::memcmp(avgs[r].data(), avgs[0].data(), n * 4)) << "rank " << r;
+      EXPECT_EQ(0, std::memcmp(maxes[r].data(), maxes[0].data(), n * 4)) << "rank " << r;
+      EXPECT_EQ(ints[r], ints[0]) << "rank " << r;
+      EXPECT_EQ(0, std::memcmp(in_place[r].data(), sums[0].data(), n * 4)) << "rank " << r;
+    }
+    j.daemon.settle();
+    const auto nm = static_cast<std::size_t>(members);
+    EXPECT_EQ(j.single_copy_requests(), 5 * nm);
+    EXPECT_EQ(j.daemon.requests().size(), 5 * nm);  // none through the daemon
+  }
+}
+
+// The phases, with rank 1 played by the test: rank 0, in place, reduces share 0 (reading rank
+// 1's input) and marks it; it writes share 1 of its tensor, which rank 1 reads as input, only
+// once rank 1 marked its share reduced; and it returns only once rank 1 is done reading.
+TEST(HostFastSingleCopyReduce, AMemberWritesAShareOfItsTensorOnlyOnceItsOwnerReducedIt) {
+  SKIP_WITHOUT_PEER_READS();
+  Job j(2, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy, kSingleCopy);
+  constexpr std::uint64_t n = 4096;  // shares of 2048
+  const std::uint64_t half = ipc::share_range(n, 2, 1).first;
+  ASSERT_EQ(half, 2048u);
+  std::vector<float> x0(n, 1.f), in1(n, 2.f), out1(n, -1.f);
+  auto& seg = j.daemon.segment();
+  auto& cell = seg.fast_cell(1, 0, 1);
+  cell.comm_id = 0;
+  cell.seq = 1;
+  cell.count = n;
+  cell.op = OpType::AllReduce;
+  cell.dtype = DType::Float32;
+  cell.reduce_op = ReduceOp::Sum;
+  cell.by_address = 1;
+  ipc::Segment::set_fast_address(cell, reinterpret_cast<std::uintptr_t>(in1.data()));
+  ipc::Segment::set_fast_output_address(cell, reinterpret_cast<std::uintptr_t>(out1.data()));
+  cell.tag.store(1, std::memory_order_release);
+  auto work = j.ranks[0]->world()->allreduce(x0.data(), x0.data(), n, DType::Float32, ReduceOp::Sum);
+  const auto poll_until = [&](const std::function<bool()>& f) {
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (!f() && std::chrono::steady_clock::now() < until) {
+      work->test();
+      std::this_thread::sleep_for(1ms);
+    }
+    return f();
+  };
+  auto& done0 = seg.slot(0).fast_done[0];
+  ASSERT_TRUE(poll_until([&] { return done0.reduced.load() == 1; }));
+  EXPECT_EQ(x0[0], 3.f);
+  EXPECT_EQ(x0[half - 1], 3.f);
+  std::this_thread::sleep_for(50ms);
+  work->test();
+  EXPECT_EQ(x0[half], 1.f) << "rank 0 wrote share 1 while rank 1 may still read it as input";
+  EXPECT_EQ(done0.k.load(), 0u);
+  // Rank 1 reduces its share into its output and marks it.
+  for (std::uint64_t i = half; i < n; ++i) out1[i] = 1.f + in1[i];
+  seg.slot(1).fast_done[0].reduced.store(1, std::memory_order_release);
+  seg.slot(0).client_bell.ring();
+  ASSERT_TRUE(poll_until([&] { return done0.k.load() == 1; }));
+  EXPECT_EQ(x0[half], 3.f);
+  EXPECT_EQ(x0[n - 1], 3.f);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(work->test()) << "rank 0 returned while rank 1 may still read its share";
+  seg.slot(1).fast_done[0].k.store(1, std::memory_order_release);
+  seg.slot(0).client_bell.ring();
+  work->wait(5000ms);
+}
+
+// End to end: each member writes over its tensor as soon as its in-place all-reduce returns,
+// and no member ever reads the new values.
+TEST(HostFastSingleCopyReduce, AMemberMayWriteOverItsTensorAsSoonAsItsCallReturns) {
+  SKIP_WITHOUT_PEER_READS();
+  Job j(3, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy, kSingleCopy);
+  constexpr std::uint64_t n = 3 * kCell + 100;
+  j.each([&](int r) {
+    auto w = j.ranks[static_cast<std::size_t>(r)]->world();
+    std::vector<float> x(n);
+    for (int it = 0; it < 200; ++it) {
+      std::fill(x.begin(), x.end(), static_cast<float>(it + r));
+      w->allreduce(x.data(), x.data(), n, DType::Float32, ReduceOp::Sum)->wait(10000ms);
+      const float want = static_cast<float>(3 * it + 3);
+      for (std::uint64_t i = 0; i < n; i += 61) ASSERT_EQ(x[i], want) << "iteration " << it << ", " << i;
+      ASSERT_EQ(x[n - 1], want) << "iteration " << it;
+      std::fill(x.begin(), x.end(), -1000.f);
+    }
+  });
+}
+
+// A member that gives the lane up (its op failed) before it reduced its share ends the other's
+// wait with an error naming it, instead of a hang.
+TEST(HostFastSingleCopyReduce, AMemberThatGaveUpBeforeItsShareEndsTheOthersWait) {
+  SKIP_WITHOUT_PEER_READS();
+  Job j(2, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy, kSingleCopy);
+  constexpr std::uint64_t n = 4096;
+  std::vector<float> x0(n, 1.f), in1(n, 2.f), out1(n, -1.f);
+  auto& seg = j.daemon.segment();
+  auto& cell = seg.fast_cell(1, 0, 1);
+  cell.comm_id = 0;
+  cell.seq = 1;
+  cell.count = n;
+  cell.op = OpType::AllReduce;
+  cell.dtype = DType::Float32;
+  cell.reduce_op = ReduceOp::Sum;
+  cell.by_address = 1;
+  ipc::Segment::set_fast_address(cell, reinterpret_cast<std::uintptr_t>(in1.data()));
+  ipc::Segment::set_fast_output_address(cell, reinterpret_cast<std::uintptr_t>(out1.data()));
+  cell.tag.store(1, std::memory_order_release);
+  auto work = j.ranks[0]->world()->allreduce(x0.data(), x0.data(), n, DType::Float32, ReduceOp::Sum);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (seg.slot(0).fast_done[0].reduced.load() != 1 && std::chrono::steady_clock::now() < until) {
+    work->test();
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(seg.slot(0).fast_done[0].reduced.load(), 1u);
+  seg.slot(1).fast_done[0].given_up.store(1, std::memory_order_release);
+  seg.slot(0).client_bell.ring();
+  try {
+    work->wait(5000ms);
+    ADD_FAILURE() << "the all-reduce finished without rank 1's share";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::PeerFailed) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 1 gave up"), std::string::npos) << e.what();
   }
 }
 

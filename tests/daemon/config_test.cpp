@@ -68,6 +68,7 @@ void expect_builtin_defaults(const DaemonConfig& c) {
   EXPECT_EQ(c.host_fast_read_bytes, d.host_fast_read_bytes);
   EXPECT_EQ(c.host_fast_reduce, d.host_fast_reduce);
   EXPECT_EQ(c.host_single_copy_min_bytes, d.host_single_copy_min_bytes);
+  EXPECT_EQ(c.host_single_copy_reduce, d.host_single_copy_reduce);
 }
 
 TEST(DaemonConfig, BuiltInDefaults) {
@@ -90,6 +91,7 @@ TEST(DaemonConfig, BuiltInDefaults) {
   EXPECT_EQ(c.host_fast_read_bytes, 1ull << 20);
   EXPECT_EQ(c.host_fast_reduce, HostFastReduce{});
   EXPECT_EQ(c.host_single_copy_min_bytes, std::optional<std::uint64_t>(64ull << 10));
+  EXPECT_EQ(c.host_single_copy_reduce, SingleCopyReduce{});
 }
 
 TEST(DaemonConfig, HostFastPathTakesACellSizeAReadLimitAndAReduceLimit) {
@@ -124,6 +126,29 @@ TEST(DaemonConfig, SingleCopyTakesASizeOrOff) {
   expect_invalid("", {"daemon.host_single_copy_kib=0"}, {"daemon.host_single_copy_kib"});  // off says it
   expect_invalid("", {"daemon.host_single_copy_kib=auto"}, {"daemon.host_single_copy_kib"});
   expect_invalid("", {"daemon.host_single_copy_kib=4194305"}, {"daemon.host_single_copy_kib"});
+}
+
+TEST(DaemonConfig, SingleCopyAllReduceTakesAutoASizeOrOff) {
+  using Resolved = SingleCopyReduce::Resolved;
+  const auto resolved = [](const SingleCopyReduce& r, bool shared) {
+    const Resolved x = r.resolve(shared);
+    return std::vector<std::uint64_t>{x.from, x.upto, x.wide_from};
+  };
+  const auto automatic = DaemonConfig::load("", {"daemon.host_single_copy_reduce_kib=8",
+                                                 "daemon.host_single_copy_reduce_kib=auto"})
+                             .host_single_copy_reduce;
+  EXPECT_TRUE(automatic.automatic);
+  // A core each: 2 members from 64 KiB at any size, 3 or 4 from 16 MiB; shared cores: 2 members
+  // at 64 KiB-4 MiB, no more.
+  EXPECT_EQ(resolved(automatic, false), (std::vector<std::uint64_t>{64ull << 10, 0, 16ull << 20}));
+  EXPECT_EQ(resolved(automatic, true), (std::vector<std::uint64_t>{64ull << 10, 4ull << 20, 0}));
+  // A size: 2 members from it, any size, on any machine; off: never.
+  const auto sized = DaemonConfig::load("", {"daemon.host_single_copy_reduce_kib=1"}).host_single_copy_reduce;
+  EXPECT_EQ(resolved(sized, true), (std::vector<std::uint64_t>{1024, 0, 0}));
+  const auto off = DaemonConfig::load("", {"daemon.host_single_copy_reduce_kib=off"}).host_single_copy_reduce;
+  EXPECT_EQ(resolved(off, false), (std::vector<std::uint64_t>{0, 0, 0}));
+  expect_invalid("", {"daemon.host_single_copy_reduce_kib=0"}, {"daemon.host_single_copy_reduce_kib"});
+  expect_invalid("", {"daemon.host_single_copy_reduce_kib=never"}, {"daemon.host_single_copy_reduce_kib"});
 }
 
 // One endpoint per EFA device on AWS; 1..64, and a clear error otherwise.
