@@ -11,13 +11,6 @@
 
 namespace smddp::client {
 
-int copy_threads(int local_ranks, int cores) {
-  if (local_ranks < 1) return 1;
-  const int spare = cores - local_ranks - 1;
-  if (spare <= 0) return 1;
-  return std::min(4, 1 + spare / local_ranks);
-}
-
 int copy_threads_from(const char* env, int local_ranks, int cores) {
   if (!env || !*env) return copy_threads(local_ranks, cores);
   const std::string_view v(env);
@@ -67,7 +60,6 @@ void CopyPool::helper() {
 }
 
 void CopyPool::run(int parts, const std::function<void(int)>& part) {
-  if (parts > threads_) throw std::logic_error("CopyPool::run: more parts than threads");
   if (parts <= 0) return;
   std::lock_guard batch(run_mu_);
   {

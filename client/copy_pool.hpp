@@ -10,12 +10,12 @@
 #include <thread>
 #include <vector>
 
+#include "ipc/doorbell.hpp"
+
 namespace smddp::client {
 
-// Threads a rank copies with (itself included): one, plus its share of the cores that the
-// node's ranks and its daemon leave (`cores` - `local_ranks` - 1), at most 4. 1 where they
-// share cores, so that an oversubscribed node runs nothing more.
-int copy_threads(int local_ranks, int cores);
+// Threads a rank copies with (itself included): ipc::copy_threads.
+using ipc::copy_threads;
 inline constexpr const char* kCopyThreadsEnv = "SMDDP_COPY_THREADS";
 // The threads a rank copies with: `env` (the value of SMDDP_COPY_THREADS; null or empty: unset)
 // when set, else copy_threads. Throws std::invalid_argument naming the variable unless it is a
@@ -32,8 +32,10 @@ class CopyPool {
   CopyPool& operator=(const CopyPool&) = delete;
 
   int threads() const { return threads_; }
-  // Runs part(0) .. part(parts - 1), parts <= threads(), part(0) on the calling thread, and
-  // returns once all of them did. The first exception of any part is rethrown here.
+  // Runs part(0) .. part(parts - 1), part(0) on the calling thread, the others on whichever
+  // thread (a helper, or the caller once done with its own) takes them first, and returns once
+  // all of them did: more parts than threads balance a helper that wakes late. The first
+  // exception of any part is rethrown here.
   void run(int parts, const std::function<void(int)>& part);
 
  private:

@@ -220,13 +220,16 @@ struct Piece {
 
 // Runs copy over the pieces, on this thread alone, or with a pool and enough bytes cut into equal
 // parts of whole pages (at least kMinCopyPart each) over its threads.
+// Single copy: parts of at least kMinCopyPart, as many as threads; from the cells (`min_part`
+// given): parts of min_part, any number.
 template <class Copy>
-void copy_in_parts(std::span<const Piece> pieces, CopyPool* pool, Copy&& copy) {
+void copy_in_parts(std::span<const Piece> pieces, CopyPool* pool, Copy&& copy, std::uint64_t min_part = 0) {
   std::uint64_t total = 0;
   for (const Piece& p : pieces) total += p.bytes;
-  const int parts = pool ? static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(pool->threads()),
-                                                                    total / kMinCopyPart))
-                         : 1;
+  int parts = 1;
+  if (pool && min_part) parts = static_cast<int>(std::min<std::uint64_t>(64, total / min_part));
+  else if (pool)
+    parts = static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(pool->threads()), total / kMinCopyPart));
   if (parts < 2) {
     for (const Piece& p : pieces) copy(p.m, p.offset, p.dst, p.bytes);
     return;
@@ -285,7 +288,17 @@ void read_output(std::span<FastCell* const> cells, std::span<const int> pids, in
       ipc::read_peer(pids[m], Segment::fast_address(c) + offset, dst, bytes);
     }
   };
-  if (!pool || pool->threads() < 2 || !call.by_address) return copy_output(call, cells.size(), me, out, copy);
+  if (!pool || pool->threads() < 2) return copy_output(call, cells.size(), me, out, copy);
+  if (!call.by_address) {
+    // From the cells: a large read in parts over the helpers.
+    std::vector<Piece> pieces;
+    std::uint64_t total = 0;
+    copy_output(call, cells.size(), me, out, [&](std::size_t m, std::uint64_t offset, std::byte* dst, std::uint64_t bytes) {
+      pieces.push_back({m, offset, dst, bytes});
+      total += bytes;
+    });
+    return copy_in_parts(pieces, total >= kSplitCellReadsFrom ? pool : nullptr, copy, kCellPart);
+  }
   // Single copy with threads to spare: the copies, cut into equal parts of whole pages.
   std::vector<Piece> pieces;
   bool overlaps = false;  // its own block moves within memory it overlaps: one memmove keeps it right

@@ -323,7 +323,11 @@ bool ClientImpl::read_fast_locked(const OpPlan& p) {
                    [&](const ipc::FastCell* c) { return c == &mine || host_fast::same_call(mine, *c); }))
     return false;
   if (!p.fast_single_copy) {
-    host_fast::read_output(members, {}, p.group_rank, p.base.scale, p.out);
+    // At most the largest input times the members is read: only then can it be large enough to
+    // split (read_output decides), and only then are the helpers started.
+    const bool large = p.fast_largest_input * static_cast<std::uint64_t>(p.group_size) >= host_fast::kSplitCellReadsFrom;
+    if (large && !copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_);
+    host_fast::read_output(members, {}, p.group_rank, p.base.scale, p.out, large ? copy_pool_.get() : nullptr);
     return true;
   }
   read_peers_locked(p, [&](std::span<const int> pids) {

@@ -62,7 +62,8 @@ const std::map<std::string, Setter>& keys() {
        }},
       {"daemon.host_fast_read_kib",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {
-         c.host_fast_read_bytes = static_cast<std::uint64_t>(parse_int(key, v, 0, 1 << 16)) << 10;
+         if (v == "auto") c.host_fast_read = HostFastRead{};
+         else c.host_fast_read = HostFastRead::fixed(static_cast<std::uint64_t>(parse_int(key, v, 0, 1 << 16)) << 10);
        }},
       {"daemon.host_fast_reduce_kib",
        [](DaemonConfig& c, const std::string& key, const std::string& v) {

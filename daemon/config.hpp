@@ -30,6 +30,22 @@ struct SplitReduceMin {
   bool operator==(const SplitReduceMin&) const = default;
 };
 
+// daemon.host_fast_read_kib: "auto" (the default) or a size. Auto: 2 MiB where each rank has
+// helper threads to copy with (ipc::copy_threads >= 2: cores to spare), which split a large
+// read from the cells (a 4-rank all-gather of 2 MiB: 512 KiB a cell); 1 MiB otherwise.
+struct HostFastRead {
+  static constexpr std::uint64_t kDefault = 1ull << 20;
+  static constexpr std::uint64_t kWithHelpers = 2ull << 20;
+  bool automatic = true;
+  std::uint64_t bytes = 0;  // when not automatic
+  static HostFastRead fixed(std::uint64_t b) { return {false, b}; }
+  std::uint64_t resolve(bool helpers) const {
+    if (!automatic) return bytes;
+    return helpers ? kWithHelpers : kDefault;
+  }
+  bool operator==(const HostFastRead&) const = default;
+};
+
 // daemon.host_fast_reduce_kib: "auto" (the default) or a size. Auto: 256 KiB for 2 members,
 // x 2 / n for n, when the node's ranks and its daemon have a core each; 1 MiB for any number
 // when they share cores. A size holds for any number. Each member of a fast all-reduce reduces
@@ -99,7 +115,7 @@ struct DaemonConfig {
   std::uint64_t host_fast_bytes = 512ull << 10;
   // ... and whose largest member reads at most this many bytes from the cells (a member of an
   // all-reduce or all-gather reads every member's input; 512 KiB each with 2 ranks).
-  std::uint64_t host_fast_read_bytes = 1ull << 20;
+  HostFastRead host_fast_read;
   // ... and, for all-reduce and reduce, reduces at most this many: beyond it the reduction split
   // among the ranks is faster.
   HostFastReduce host_fast_reduce;

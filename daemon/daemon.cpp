@@ -64,7 +64,7 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
   s.arena_bytes = c.arena_bytes;
   s.chunk_bytes = c.chunk_bytes;
   s.fast_cell_bytes = c.host_fast_bytes;
-  s.fast_read_bytes = c.host_fast_read_bytes;
+  s.fast_read_bytes = c.host_fast_read.resolve(ipc::copy_threads(l.nproc_per_node, ipc::usable_cores()) >= 2);
   const bool shared_cores = ipc::yield_between_polls(l.nproc_per_node + 1);
   s.fast_reduce_bytes = c.host_fast_reduce.resolve(shared_cores);
   s.fast_reduce_shrinks = c.host_fast_reduce.shrinks(shared_cores);

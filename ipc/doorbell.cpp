@@ -42,4 +42,11 @@ int usable_cores() noexcept {
 
 bool yield_between_polls(int spinners) noexcept { return spinners > usable_cores(); }
 
+int copy_threads(int local_ranks, int cores) noexcept {
+  if (local_ranks < 1) return 1;
+  const int spare = cores - local_ranks - 1;
+  if (spare <= 0) return 1;
+  return std::min(4, 1 + spare / local_ranks);
+}
+
 }  // namespace smddp::ipc

@@ -41,6 +41,12 @@ static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 // The cores this process may run on (its affinity mask), at least 1.
 int usable_cores() noexcept;
 
+// Threads a rank copies large host collectives with (itself included): one, plus its share of
+// the cores that the node's ranks and its daemon leave (`cores` - `local_ranks` - 1), at most 4.
+// 1 where they share cores, so that an oversubscribed node runs nothing more. The daemon's
+// size rules know it too (a read split over helpers goes further).
+int copy_threads(int local_ranks, int cores) noexcept;
+
 // Whether a thread that spins should give its core away between polls: yes when the node's
 // spinning processes (its ranks and the daemon: `spinners`) outnumber the cores. On 2 cores
 // with 2 ranks and the daemon the process we wait for needs our core; with a core each, a

@@ -50,20 +50,19 @@ TEST(CopyThreads, TheEnvironmentOverridesTheRuleAndABadValueIsNamed) {
 
 TEST(CopyPool, RunsEveryPartOnceTheFirstOnTheCaller) {
   CopyPool pool(4);
-  for (int parts = 0; parts <= 4; ++parts) {
-    std::vector<std::atomic<int>> ran(4);
+  for (int parts = 0; parts <= 9; ++parts) {  // more parts than threads too
+    std::vector<std::atomic<int>> ran(9);
     std::atomic<bool> first_here{false};
     const auto caller = std::this_thread::get_id();
     pool.run(parts, [&](int j) {
       ran[static_cast<std::size_t>(j)].fetch_add(1);
       if (j == 0) first_here = std::this_thread::get_id() == caller;
     });
-    for (int j = 0; j < 4; ++j) EXPECT_EQ(ran[static_cast<std::size_t>(j)].load(), j < parts ? 1 : 0) << parts;
+    for (int j = 0; j < 9; ++j) EXPECT_EQ(ran[static_cast<std::size_t>(j)].load(), j < parts ? 1 : 0) << parts;
     if (parts > 0) {
       EXPECT_TRUE(first_here.load());
     }
   }
-  EXPECT_THROW(pool.run(5, [](int) {}), std::logic_error);
 }
 
 TEST(CopyPool, AFailingPartIsRethrownAfterTheOthersEnd) {
@@ -157,6 +156,102 @@ TEST(HostFastSplitRead, AnOwnBlockThatOverlapsItsPlaceMovesInOnePiece) {
   host_fast::read_output({t.ptrs, 2}, {t.pids, 2}, 0, 1.0, reinterpret_cast<std::byte*>(out.data()), &pool);
   for (std::uint64_t i = 0; i < count; ++i) ASSERT_EQ(out[i], i) << i;
   ASSERT_EQ(0, std::memcmp(out.data() + count, t.in[1].data(), count * 4));
+}
+
+// Members of this process whose cells hold their inputs (not by address), each cell followed by
+// room for its input as in the segment.
+struct CellMembers {
+  CellMembers(ipc::OpType op, std::uint64_t count, int members, int root = 0) : n(members) {
+    const std::uint64_t bytes = count * 4;
+    for (int m = 0; m < n; ++m) {
+      storage[m].resize(sizeof(ipc::FastCell) + bytes + 64);
+      auto* at = storage[m].data() + (64 - reinterpret_cast<std::uintptr_t>(storage[m].data()) % 64) % 64;
+      auto* c = new (at) ipc::FastCell();
+      c->tag = 1;
+      c->comm_id = 7;
+      c->seq = 1;
+      c->count = count;
+      c->root = root;
+      c->op = op;
+      c->dtype = ipc::DType::Int32;
+      for (std::uint64_t i = 0; i < count; ++i) {
+        const auto v = static_cast<std::uint32_t>((static_cast<std::uint64_t>(m) << 28) + i);
+        std::memcpy(ipc::Segment::fast_input(*c) + i * 4, &v, 4);
+      }
+      ptrs[m] = c;
+    }
+  }
+  int n;
+  std::vector<std::byte> storage[4];
+  ipc::FastCell* ptrs[4];
+};
+
+// From the cells a read of at least kSplitCellReadsFrom is cut into parts of kCellPart, more
+// parts than threads: every byte lands where the sequential read puts it, for any threads.
+TEST(HostFastSplitRead, FromTheCellsEveryByteLandsWhereTheSequentialReadPutsIt) {
+  for (const std::uint64_t count : {std::uint64_t{(1u << 16) + 3}, std::uint64_t{(1u << 17) - 5}}) {
+    for (const auto op : {ipc::OpType::AllGather, ipc::OpType::Gather, ipc::OpType::Broadcast}) {
+      CellMembers t(op, count, 4);
+      ASSERT_GE((op == ipc::OpType::Broadcast ? 1 : 4) * count * 4, host_fast::kSplitCellReadsFrom);
+      const std::size_t out_elems = op == ipc::OpType::Broadcast ? count : 4 * count;
+      const int me = op == ipc::OpType::Broadcast ? 1 : 0;  // a broadcast's reader, the gather's root
+      std::vector<std::uint32_t> want(out_elems, 0xdeadbeef), got(out_elems, 0xdeadbeef);
+      host_fast::read_output({t.ptrs, 4}, {}, me, 1.0, reinterpret_cast<std::byte*>(want.data()));
+      for (std::uint64_t i = 0; i < out_elems; ++i)  // block m is member m's input (a broadcast's: the root's)
+        ASSERT_EQ(want[i], static_cast<std::uint32_t>(((i / count) << 28) + i % count)) << ipc::to_string(op) << " " << i;
+      for (int threads : {2, 3, 4}) {
+        CopyPool pool(threads);
+        std::fill(got.begin(), got.end(), 0xdeadbeef);
+        host_fast::read_output({t.ptrs, 4}, {}, me, 1.0, reinterpret_cast<std::byte*>(got.data()), &pool);
+        ASSERT_EQ(got, want) << ipc::to_string(op) << " count " << count << " threads " << threads;
+      }
+    }
+  }
+}
+
+// An all-reduce by single copy over helper threads: a share of at least 2 parts is reduced in
+// parts, and the others' shares read in parts, to the same bits as on one thread.
+TEST(HostFastSplitRead, AnAllReduceByShareGivesTheSameBitsForAnyThreads) {
+  if (ipc::peer_reads_unavailable()) GTEST_SKIP() << *ipc::peer_reads_unavailable();
+  const std::uint64_t count = (3u << 20) + 77;  // float32: shares of 6 MiB, parts cut within them
+  std::vector<float> in[2], out[2];
+  ipc::FastCell cells[2];
+  ipc::FastCell* ptrs[2];
+  const int pids[2] = {::getpid(), ::getpid()};
+  for (int m = 0; m < 2; ++m) {
+    in[m].resize(count);
+    for (std::uint64_t i = 0; i < count; ++i) in[m][i] = 0.1f * static_cast<float>(i % 1000) + 0.37f * static_cast<float>(m + 1);
+    auto& c = cells[m];
+    c.tag = 1;
+    c.count = count;
+    c.op = ipc::OpType::AllReduce;
+    c.dtype = ipc::DType::Float32;
+    c.reduce_op = ipc::ReduceOp::Sum;
+    c.by_address = 1;
+    ptrs[m] = &c;
+  }
+  const auto run = [&](CopyPool* pool) {
+    std::vector<std::byte> scratch;
+    for (int m = 0; m < 2; ++m) {
+      out[m].assign(count, -1.f);
+      ipc::Segment::set_fast_address(cells[m], reinterpret_cast<std::uintptr_t>(in[m].data()));
+      ipc::Segment::set_fast_output_address(cells[m], reinterpret_cast<std::uintptr_t>(out[m].data()));
+    }
+    for (int m = 0; m < 2; ++m)
+      host_fast::reduce_share({ptrs, 2}, {pids, 2}, m, 1.0, reinterpret_cast<std::byte*>(out[m].data()), scratch, pool);
+    for (int m = 0; m < 2; ++m)
+      host_fast::gather_shares({ptrs, 2}, {pids, 2}, m, reinterpret_cast<std::byte*>(out[m].data()), pool);
+  };
+  run(nullptr);
+  const std::vector<float> want = out[0];
+  for (std::uint64_t i = 0; i < count; ++i) ASSERT_EQ(want[i], in[0][i] + in[1][i]) << i;
+  ASSERT_EQ(out[1], want);
+  for (int threads : {2, 3, 4}) {
+    CopyPool pool(threads);
+    run(&pool);
+    ASSERT_EQ(0, std::memcmp(out[0].data(), want.data(), count * 4)) << threads;
+    ASSERT_EQ(0, std::memcmp(out[1].data(), want.data(), count * 4)) << threads;
+  }
 }
 
 }  // namespace

@@ -65,7 +65,7 @@ void expect_builtin_defaults(const DaemonConfig& c) {
   EXPECT_EQ(c.direct_read_min_bytes, d.direct_read_min_bytes);
   EXPECT_EQ(c.fabric_algorithm, d.fabric_algorithm);
   EXPECT_EQ(c.host_fast_bytes, d.host_fast_bytes);
-  EXPECT_EQ(c.host_fast_read_bytes, d.host_fast_read_bytes);
+  EXPECT_EQ(c.host_fast_read, d.host_fast_read);
   EXPECT_EQ(c.host_fast_reduce, d.host_fast_reduce);
   EXPECT_EQ(c.host_single_copy_min_bytes, d.host_single_copy_min_bytes);
   EXPECT_EQ(c.host_single_copy_reduce, d.host_single_copy_reduce);
@@ -88,7 +88,7 @@ TEST(DaemonConfig, BuiltInDefaults) {
   EXPECT_EQ(c.fabric_endpoints, 1);
   EXPECT_EQ(c.direct_read_min_bytes, std::optional<std::uint64_t>(8ull << 10));
   EXPECT_EQ(c.host_fast_bytes, 512ull << 10);
-  EXPECT_EQ(c.host_fast_read_bytes, 1ull << 20);
+  EXPECT_EQ(c.host_fast_read, HostFastRead{});
   EXPECT_EQ(c.host_fast_reduce, HostFastReduce{});
   EXPECT_EQ(c.host_single_copy_min_bytes, std::optional<std::uint64_t>(64ull << 10));
   EXPECT_EQ(c.host_single_copy_reduce, SingleCopyReduce{});
@@ -97,7 +97,11 @@ TEST(DaemonConfig, BuiltInDefaults) {
 TEST(DaemonConfig, HostFastPathTakesACellSizeAReadLimitAndAReduceLimit) {
   EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_kib=0"}).host_fast_bytes, 0u);
   EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_kib=1024"}).host_fast_bytes, 1ull << 20);
-  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_read_kib=4096"}).host_fast_read_bytes, 4ull << 20);
+  EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_read_kib=4096"}).host_fast_read.resolve(true), 4ull << 20);
+  // Auto: further where the ranks have helper threads to split a large read with.
+  const HostFastRead read = DaemonConfig::load("", {"daemon.host_fast_read_kib=64", "daemon.host_fast_read_kib=auto"}).host_fast_read;
+  EXPECT_EQ(read.resolve(true), 2ull << 20);
+  EXPECT_EQ(read.resolve(false), 1ull << 20);
   EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_reduce_kib=4096"}).host_fast_reduce, HostFastReduce::fixed(4ull << 20));
   EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_reduce_kib=4096"}).host_fast_reduce.resolve(false), 4ull << 20);
   EXPECT_EQ(DaemonConfig::load("", {"daemon.host_fast_reduce_kib=0"}).host_fast_reduce.resolve(true), 0u);
@@ -114,7 +118,7 @@ TEST(DaemonConfig, HostFastPathTakesACellSizeAReadLimitAndAReduceLimit) {
   EXPECT_FALSE(HostFastReduce::fixed(4ull << 20).shrinks(false));
   expect_invalid("", {"daemon.host_fast_kib=1025"}, {"daemon.host_fast_kib"});
   expect_invalid("", {"daemon.host_fast_read_kib=-1"}, {"daemon.host_fast_read_kib"});
-  expect_invalid("", {"daemon.host_fast_read_kib=auto"}, {"daemon.host_fast_read_kib"});
+  expect_invalid("", {"daemon.host_fast_read_kib=never"}, {"daemon.host_fast_read_kib"});
   expect_invalid("", {"daemon.host_fast_reduce_kib=never"}, {"daemon.host_fast_reduce_kib"});
   expect_invalid("", {"daemon.host_fast_reduce_kib=-1"}, {"daemon.host_fast_reduce_kib"});
 }
