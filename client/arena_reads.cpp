@@ -2,6 +2,8 @@
 // members' arenas (CompletionKind::Sources), and the regions held for the other readers (of
 // these and of the shares of reductions, arena_shares.cpp).
 #include <algorithm>
+#include <array>
+#include <span>
 #include <cstring>
 
 #include "client/client_impl.hpp"
@@ -31,10 +33,13 @@ std::optional<std::string> ClientImpl::copy_sources_locked(OpState& op, const In
                  ", " + std::to_string(s.bytes) + " bytes at " + std::to_string(s.offset) + "; a block is " +
                  std::to_string(blk) + " bytes)");
   }
+  std::array<CopyJob, ipc::kMaxSourceMembers> jobs;
   for (std::uint32_t b = 0; b < h.count; ++b) {
     const auto s = c.source(b);
-    std::memcpy(p.out + (b * p.user_stride + off) * e, segment_.arena(s.slot).data() + s.offset, blk);
+    jobs[b] = {p.out + (b * p.user_stride + off) * e, segment_.arena(s.slot).data() + s.offset, blk};
   }
+  copy_split(h.count * blk >= kSplitCopiesFrom ? copy_pool_locked() : nullptr,
+             std::span<const CopyJob>(jobs.data(), h.count));
   return std::nullopt;
 }
 

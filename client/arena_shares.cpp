@@ -10,6 +10,8 @@
 // runs in ring order (ClientImpl::reads_). Every member reduces its share as soon as it takes
 // the completion, without waiting for anything, so no member can wait for ever on a live one.
 #include <algorithm>
+#include <array>
+#include <span>
 #include <cstring>
 
 #include "client/client_impl.hpp"
@@ -84,8 +86,26 @@ void ClientImpl::reduce_share_locked(const ipc::CompletionDesc& c, std::byte* ou
   // In place, into this rank's own input: nobody else reads that part of it before the mark.
   const auto [lo, hi] = ipc::share_range(h.count, h.members, h.me);
   if (lo == hi) return;
-  for (std::uint32_t q = 0; q < h.members; ++q) inputs[q] = in(q, lo * e);
-  host_kernels::host_reduce(h.dtype, h.reduce_op, span, in(h.me, lo * e), hi - lo, params);
+  CopyPool* pool = (hi - lo) * e >= kSplitCopiesFrom ? copy_pool_locked() : nullptr;
+  const auto parts = pool ? static_cast<int>(std::min<std::uint64_t>(64, (hi - lo) * e / kCopyPart)) : 1;
+  if (parts < 2) {
+    for (std::uint32_t q = 0; q < h.members; ++q) inputs[q] = in(q, lo * e);
+    host_kernels::host_reduce(h.dtype, h.reduce_op, span, in(h.me, lo * e), hi - lo, params);
+    return;
+  }
+  // In parts of whole 64-element runs (no line written by two threads), over the helpers.
+  pool->run(parts, [&](int j) {
+    const auto cut = [&](int i) {
+      if (i == parts) return hi;
+      return lo + (hi - lo) * static_cast<std::uint64_t>(i) / static_cast<std::uint64_t>(parts) / 64 * 64;
+    };
+    const std::uint64_t a = cut(j), b = cut(j + 1);
+    if (a >= b) return;
+    std::array<const void*, ipc::kMaxShareMembers> part_in{};
+    for (std::uint32_t q = 0; q < h.members; ++q) part_in[q] = in(q, a * e);
+    host_kernels::host_reduce(h.dtype, h.reduce_op, std::span<const void* const>(part_in.data(), h.members),
+                              in(h.me, a * e), b - a, params);
+  });
 }
 
 void ClientImpl::share_reduced_locked(const ipc::CompletionDesc& c) {
@@ -122,12 +142,15 @@ void ClientImpl::copy_shares_locked(OpState& op, const Inflight& inf, const ipc:
   const auto& p = op.plan_;
   const std::uint64_t e = ipc::dtype_size(h.dtype);
   const std::uint64_t off = inf.chunk * p.chunk;
+  std::array<CopyJob, ipc::kMaxShareMembers> jobs;
+  std::size_t n = 0;
   for (std::uint32_t q = 0; q < h.members; ++q) {
     const auto [lo, hi] = ipc::share_range(h.count, h.members, q);
     if (lo == hi) continue;
     const auto s = c.share_input(q);
-    std::memcpy(p.out + (off + lo) * e, segment_.arena(s.slot).data() + s.offset + lo * e, (hi - lo) * e);
+    jobs[n++] = {p.out + (off + lo) * e, segment_.arena(s.slot).data() + s.offset + lo * e, (hi - lo) * e};
   }
+  copy_split(h.count * e >= kSplitCopiesFrom ? copy_pool_locked() : nullptr, std::span<const CopyJob>(jobs.data(), n));
 }
 
 void ClientImpl::start_share_locked(const ipc::CompletionDesc& c, Deferred& callbacks) {

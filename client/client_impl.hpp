@@ -346,6 +346,11 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   // start with the first such read.
   int copy_threads_;
   std::unique_ptr<CopyPool> copy_pool_;
+  // The pool, started with the first large copy; null where this rank copies alone.
+  CopyPool* copy_pool_locked() {
+    if (!copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_);
+    return copy_pool_.get();
+  }
   std::vector<std::byte> share_scratch_;  // an all-reduce by single copy's reads (host_fast::reduce_share)
   ipc::Segment segment_;
   ipc::RankSlot& slot_;

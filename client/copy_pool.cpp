@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <stdexcept>
@@ -83,6 +84,27 @@ void CopyPool::run(int parts, const std::function<void(int)>& part) {
   parts_ = next_ = 0;
   part_ = nullptr;
   if (first_) std::rethrow_exception(std::exchange(first_, nullptr));
+}
+
+void copy_split(CopyPool* pool, std::span<const CopyJob> jobs) {
+  std::uint64_t total = 0;
+  for (const CopyJob& j : jobs) total += j.bytes;
+  if (!pool || pool->threads() < 2 || total < kSplitCopiesFrom) {
+    for (const CopyJob& j : jobs)
+      if (j.bytes) std::memcpy(j.dst, j.src, j.bytes);
+    return;
+  }
+  const auto parts = static_cast<int>(std::min<std::uint64_t>(64, (total + kCopyPart - 1) / kCopyPart));
+  pool->run(parts, [&](int p) {
+    const std::uint64_t begin = total * static_cast<std::uint64_t>(p) / static_cast<std::uint64_t>(parts);
+    const std::uint64_t end = total * static_cast<std::uint64_t>(p + 1) / static_cast<std::uint64_t>(parts);
+    std::uint64_t at = 0;  // where the job starts among all the bytes
+    for (const CopyJob& j : jobs) {
+      const std::uint64_t lo = std::max(begin, at), hi = std::min(end, at + j.bytes);
+      if (lo < hi) std::memcpy(j.dst + (lo - at), j.src + (lo - at), hi - lo);
+      at += j.bytes;
+    }
+  });
 }
 
 }  // namespace smddp::client

@@ -6,7 +6,10 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <cstddef>
+#include <cstdint>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -52,5 +55,21 @@ class CopyPool {
   bool stop_ = false;
   std::vector<std::jthread> helpers_;  // last: they start once the rest is there
 };
+
+// Memory copies of at least kSplitCopiesFrom bytes in all (reads from the fast cells or the
+// arenas, a chunk staged into the arena) are cut into parts of kCopyPart, which the caller and
+// the helpers take as they come: one core copies about 10 GB/s, and a helper that wakes late
+// takes fewer parts.
+inline constexpr std::uint64_t kSplitCopiesFrom = 256ull << 10;
+inline constexpr std::uint64_t kCopyPart = 64ull << 10;
+struct CopyJob {
+  std::byte* dst;
+  const std::byte* src;
+  std::uint64_t bytes;
+};
+// Runs the jobs (none overlapping another's destination, no destination overlapping a source),
+// over `pool` where there is one with helpers and they come to kSplitCopiesFrom, else one
+// memcpy each on this thread.
+void copy_split(CopyPool* pool, std::span<const CopyJob> jobs);
 
 }  // namespace smddp::client

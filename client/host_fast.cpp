@@ -219,9 +219,9 @@ struct Piece {
 };
 
 // Runs copy over the pieces, on this thread alone, or with a pool and enough bytes cut into equal
-// parts of whole pages (at least kMinCopyPart each) over its threads.
-// Single copy: parts of at least kMinCopyPart, as many as threads; from the cells (`min_part`
-// given): parts of min_part, any number.
+// parts of whole pages over its threads: by single copy at least kMinCopyPart each and no more
+// than the threads (each part pins pages of its own); with `min_part` (reads from the cells) parts
+// of that size, any number, which the threads take as they come.
 template <class Copy>
 void copy_in_parts(std::span<const Piece> pieces, CopyPool* pool, Copy&& copy, std::uint64_t min_part = 0) {
   std::uint64_t total = 0;
@@ -297,7 +297,7 @@ void read_output(std::span<FastCell* const> cells, std::span<const int> pids, in
       pieces.push_back({m, offset, dst, bytes});
       total += bytes;
     });
-    return copy_in_parts(pieces, total >= kSplitCellReadsFrom ? pool : nullptr, copy, kCellPart);
+    return copy_in_parts(pieces, total >= kSplitCopiesFrom ? pool : nullptr, copy, kCopyPart);
   }
   // Single copy with threads to spare: the copies, cut into equal parts of whole pages.
   std::vector<Piece> pieces;

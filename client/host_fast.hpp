@@ -89,9 +89,5 @@ inline constexpr std::uint64_t kSharePiece = 128ull << 10;
 // A part smaller than this costs more to hand to a helper thread (a wake-up, tens of us in a
 // VM) than it saves.
 inline constexpr std::uint64_t kMinCopyPart = 1ull << 20;
-// A read from the cells of at least kSplitCellReadsFrom is cut into parts of kCellPart, which
-// the caller and the helpers take as they come (a helper that wakes late takes fewer).
-inline constexpr std::uint64_t kSplitCellReadsFrom = 256ull << 10;
-inline constexpr std::uint64_t kCellPart = 64ull << 10;
 
 }  // namespace smddp::client::host_fast

@@ -283,7 +283,7 @@ void ClientImpl::read_peers_locked(const OpPlan& p, ReadFn&& read) {
   const auto& slots = p.comm_state->fast_slots;
   std::array<int, ipc::kMaxLocalRanks> pids{};
   for (std::size_t m = 0; m < slots.size(); ++m) pids[m] = segment_.slot(slots[m]).pid;
-  if (!copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_);
+  copy_pool_locked();
   try {
     read(std::span<const int>(pids.data(), slots.size()));
   } catch (const std::runtime_error& e) {
@@ -325,9 +325,8 @@ bool ClientImpl::read_fast_locked(const OpPlan& p) {
   if (!p.fast_single_copy) {
     // At most the largest input times the members is read: only then can it be large enough to
     // split (read_output decides), and only then are the helpers started.
-    const bool large = p.fast_largest_input * static_cast<std::uint64_t>(p.group_size) >= host_fast::kSplitCellReadsFrom;
-    if (large && !copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_);
-    host_fast::read_output(members, {}, p.group_rank, p.base.scale, p.out, large ? copy_pool_.get() : nullptr);
+    const bool large = p.fast_largest_input * static_cast<std::uint64_t>(p.group_size) >= kSplitCopiesFrom;
+    host_fast::read_output(members, {}, p.group_rank, p.base.scale, p.out, large ? copy_pool_locked() : nullptr);
     return true;
   }
   read_peers_locked(p, [&](std::span<const int> pids) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "client/client_impl.hpp"
 
@@ -69,7 +70,15 @@ bool ClientImpl::submit_chunk_locked(OpState& op) {
     const std::uint64_t blk = cc * e;
     if (p.in_blocks) {
       d.input = region(p.in_blocks * blk);
-      for (std::uint64_t b = 0; b < p.in_blocks; ++b) copy_in(base + d.input.offset + b * blk, (b * p.user_stride + off) * e, blk);
+      if (!copier && p.in_blocks * blk >= kSplitCopiesFrom) {
+        // A large chunk over the helpers, where the rank has them.
+        std::vector<CopyJob> jobs;
+        for (std::uint64_t b = 0; b < p.in_blocks; ++b)
+          jobs.push_back({base + d.input.offset + b * blk, p.in + (b * p.user_stride + off) * e, blk});
+        copy_split(copy_pool_locked(), jobs);
+      } else {
+        for (std::uint64_t b = 0; b < p.in_blocks; ++b) copy_in(base + d.input.offset + b * blk, (b * p.user_stride + off) * e, blk);
+      }
     }
     if (p.in_place_stage) d.output = d.input;
     else if (p.out_blocks) d.output = region(p.out_blocks * blk);

@@ -186,13 +186,13 @@ struct CellMembers {
   ipc::FastCell* ptrs[4];
 };
 
-// From the cells a read of at least kSplitCellReadsFrom is cut into parts of kCellPart, more
+// From the cells a read of at least kSplitCopiesFrom is cut into parts of kCopyPart, more
 // parts than threads: every byte lands where the sequential read puts it, for any threads.
 TEST(HostFastSplitRead, FromTheCellsEveryByteLandsWhereTheSequentialReadPutsIt) {
   for (const std::uint64_t count : {std::uint64_t{(1u << 16) + 3}, std::uint64_t{(1u << 17) - 5}}) {
     for (const auto op : {ipc::OpType::AllGather, ipc::OpType::Gather, ipc::OpType::Broadcast}) {
       CellMembers t(op, count, 4);
-      ASSERT_GE((op == ipc::OpType::Broadcast ? 1 : 4) * count * 4, host_fast::kSplitCellReadsFrom);
+      ASSERT_GE((op == ipc::OpType::Broadcast ? 1 : 4) * count * 4, smddp::client::kSplitCopiesFrom);
       const std::size_t out_elems = op == ipc::OpType::Broadcast ? count : 4 * count;
       const int me = op == ipc::OpType::Broadcast ? 1 : 0;  // a broadcast's reader, the gather's root
       std::vector<std::uint32_t> want(out_elems, 0xdeadbeef), got(out_elems, 0xdeadbeef);
@@ -252,6 +252,45 @@ TEST(HostFastSplitRead, AnAllReduceByShareGivesTheSameBitsForAnyThreads) {
     ASSERT_EQ(0, std::memcmp(out[0].data(), want.data(), count * 4)) << threads;
     ASSERT_EQ(0, std::memcmp(out[1].data(), want.data(), count * 4)) << threads;
   }
+}
+
+// Copies from the cells or the arenas, and chunks staged into the arena: jobs of uneven sizes cut
+// into parts of kCopyPart across their boundaries land as one memcpy each would put them, for any
+// threads; below kSplitCopiesFrom, or without helpers, one memcpy each.
+TEST(CopySplit, EveryByteLandsWhereAMemcpyPutsIt) {
+  using smddp::client::copy_split;
+  using smddp::client::CopyJob;
+  const std::vector<std::uint64_t> sizes = {100003, 3, 262144, 65537, 0, 131071};
+  std::uint64_t total = 0;
+  for (auto b : sizes) total += b;
+  std::vector<std::byte> src(total), want(total + 128), got(total + 128);
+  for (std::uint64_t i = 0; i < total; ++i) src[i] = static_cast<std::byte>(i * 131 + 7);
+  // Destinations in reverse order with gaps, so that a part cut at the wrong place shows.
+  const auto jobs_into = [&](std::vector<std::byte>& dst) {
+    std::vector<CopyJob> jobs;
+    std::uint64_t from = 0, to = dst.size();
+    for (auto b : sizes) {
+      to -= b;
+      jobs.push_back({dst.data() + to, src.data() + from, b});
+      from += b;
+      to -= to >= 16 ? 16 : 0;
+    }
+    return jobs;
+  };
+  std::fill(want.begin(), want.end(), std::byte{0xee});
+  auto reference = jobs_into(want);
+  for (const auto& j : reference) std::memcpy(j.dst, j.src, j.bytes);
+  for (int threads : {1, 2, 3, 4}) {
+    CopyPool pool(threads);
+    std::fill(got.begin(), got.end(), std::byte{0xee});
+    const auto jobs = jobs_into(got);
+    copy_split(&pool, jobs);
+    ASSERT_EQ(got, want) << threads;
+  }
+  std::fill(got.begin(), got.end(), std::byte{0xee});
+  const auto jobs = jobs_into(got);
+  copy_split(nullptr, jobs);
+  ASSERT_EQ(got, want);
 }
 
 }  // namespace

@@ -76,6 +76,22 @@ def test_single_copy_reads_split_over_helper_threads(job):
     assert single > 0, r.stdout[-4000:]
 
 
+def test_host_copies_split_over_helper_threads(job):
+    # SMDDP_COPY_THREADS=3 with 4 ranks, 1 MiB + 12 bytes of float32 and 256 KiB + 3 of int8 a
+    # rank: chunks staged into the arenas, shares reduced and copied out, reads from the arenas
+    # (float32) and from the fast cells (int8) in 64 KiB parts over the rank and two helpers
+    # (client/copy_pool.hpp), cut across the members' blocks; then 2 ranks' all-reduce by single
+    # copy of 4 MiB, whose 2 MiB shares are reduced and read in parts.
+    r = job.run(4, "collective_check", "--sizes", str((1 << 18) + 3), "--dtypes", "float32,int8",
+                extra=["-x", "SMDDP_COPY_THREADS=3"])
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 4)
+    r = job.run(2, "collective_check", "--sizes", str(1 << 20), "--dtypes", "float32",
+                extra=["-x", "SMDDP_COPY_THREADS=3"])
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert_all_ranks_passed(r.stdout, 2)
+
+
 def test_a_bad_copy_threads_value_is_named(job):
     r = job.run(2, "collective_check", "--sizes", "7", extra=["-x", "SMDDP_COPY_THREADS=lots"])
     assert r.returncode != 0
