@@ -367,6 +367,19 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
       const auto what = [&] {
         return "smddp " + std::string(ipc::to_string(p.base.op)) + " on communicator " + std::to_string(p.base.comm_id);
       };
+      // Runs a read of the members' cells or memory; false when it failed, and failed the op (a
+      // member that ended or gave up meanwhile is the cause, named as such).
+      const auto reading = [&](auto&& read) {
+        try {
+          read();
+          return true;
+        } catch (const OwnerGaveUp& e) {
+          fail_fast_locked(op, Status::PeerFailed, what() + ": " + e.what(), callbacks);
+        } catch (const std::exception& e) {
+          fail_fast_locked(op, Status::Internal, std::string("host fast path: ") + e.what(), callbacks);
+        }
+        return false;
+      };
       switch (look.kind) {
         case FastLook::Wait: break;
         case FastLook::SelfGaveUp:
@@ -392,19 +405,13 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           ring = true;
           again = true;  // the others may all be there already
           break;
-        case FastLook::Read:
-          try {
-            if (!read_fast_locked(op.plan_)) {
-              // The daemon's matcher names every rank's call; its answer fails the op (complete_locked).
-              h.daemon_bell.ring();
-              op.fast_mismatch_ = true;
-              break;
-            }
-          } catch (const OwnerGaveUp& e) {
-            fail_fast_locked(op, Status::PeerFailed, what() + ": " + e.what(), callbacks);
-            break;
-          } catch (const std::exception& e) {
-            fail_fast_locked(op, Status::Internal, std::string("host fast path: ") + e.what(), callbacks);
+        case FastLook::Read: {
+          bool same = true;
+          if (!reading([&] { same = read_fast_locked(op.plan_); })) break;
+          if (!same) {
+            // The daemon's matcher names every rank's call; its answer fails the op (complete_locked).
+            h.daemon_bell.ring();
+            op.fast_mismatch_ = true;
             break;
           }
           ring = true;
@@ -425,16 +432,9 @@ void ClientImpl::advance_fast_locked(Deferred& callbacks) {
           finish_locked(op, callbacks);
           finished = true;
           break;
+        }
         case FastLook::Gather:
-          try {
-            gather_fast_locked(p);
-          } catch (const OwnerGaveUp& e) {
-            fail_fast_locked(op, Status::PeerFailed, what() + ": " + e.what(), callbacks);
-            break;
-          } catch (const std::exception& e) {
-            fail_fast_locked(op, Status::Internal, std::string("host fast path: ") + e.what(), callbacks);
-            break;
-          }
+          if (!reading([&] { gather_fast_locked(p); })) break;
           slot_.fast_done[p.fast_lane].k.store(p.fast_k, std::memory_order_release);
           ring = true;
           op.fast_read_ = true;  // the others may still read its output's share, and its input

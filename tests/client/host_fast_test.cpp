@@ -985,6 +985,22 @@ TEST(HostFastSingleCopyReduce, EveryMemberGetsTheSameBitsInAndOutOfPlace) {
   }
 }
 
+// Rank 1, played by the test: publishes the world's first fast op, a float32 sum all-reduce of n
+// elements by single copy, from `in` into `out`.
+void publish_allreduce_of_rank_1(ipc::Segment& seg, std::uint64_t n, std::vector<float>& in, std::vector<float>& out) {
+  auto& cell = seg.fast_cell(1, 0, 1);
+  cell.comm_id = 0;
+  cell.seq = 1;
+  cell.count = n;
+  cell.op = OpType::AllReduce;
+  cell.dtype = DType::Float32;
+  cell.reduce_op = ReduceOp::Sum;
+  cell.by_address = 1;
+  ipc::Segment::set_fast_address(cell, reinterpret_cast<std::uintptr_t>(in.data()));
+  ipc::Segment::set_fast_output_address(cell, reinterpret_cast<std::uintptr_t>(out.data()));
+  cell.tag.store(1, std::memory_order_release);
+}
+
 // The phases, with rank 1 played by the test: rank 0, in place, reduces share 0 (reading rank
 // 1's input) and marks it; it writes share 1 of its tensor, which rank 1 reads as input, only
 // once rank 1 marked its share reduced; and it returns only once rank 1 is done reading.
@@ -996,17 +1012,7 @@ TEST(HostFastSingleCopyReduce, AMemberWritesAShareOfItsTensorOnlyOnceItsOwnerRed
   ASSERT_EQ(half, 2048u);
   std::vector<float> x0(n, 1.f), in1(n, 2.f), out1(n, -1.f);
   auto& seg = j.daemon.segment();
-  auto& cell = seg.fast_cell(1, 0, 1);
-  cell.comm_id = 0;
-  cell.seq = 1;
-  cell.count = n;
-  cell.op = OpType::AllReduce;
-  cell.dtype = DType::Float32;
-  cell.reduce_op = ReduceOp::Sum;
-  cell.by_address = 1;
-  ipc::Segment::set_fast_address(cell, reinterpret_cast<std::uintptr_t>(in1.data()));
-  ipc::Segment::set_fast_output_address(cell, reinterpret_cast<std::uintptr_t>(out1.data()));
-  cell.tag.store(1, std::memory_order_release);
+  publish_allreduce_of_rank_1(seg, n, in1, out1);
   auto work = j.ranks[0]->world()->allreduce(x0.data(), x0.data(), n, DType::Float32, ReduceOp::Sum);
   const auto poll_until = [&](const std::function<bool()>& f) {
     const auto until = std::chrono::steady_clock::now() + 5s;
@@ -1066,17 +1072,7 @@ TEST(HostFastSingleCopyReduce, AMemberThatGaveUpBeforeItsShareEndsTheOthersWait)
   constexpr std::uint64_t n = 4096;
   std::vector<float> x0(n, 1.f), in1(n, 2.f), out1(n, -1.f);
   auto& seg = j.daemon.segment();
-  auto& cell = seg.fast_cell(1, 0, 1);
-  cell.comm_id = 0;
-  cell.seq = 1;
-  cell.count = n;
-  cell.op = OpType::AllReduce;
-  cell.dtype = DType::Float32;
-  cell.reduce_op = ReduceOp::Sum;
-  cell.by_address = 1;
-  ipc::Segment::set_fast_address(cell, reinterpret_cast<std::uintptr_t>(in1.data()));
-  ipc::Segment::set_fast_output_address(cell, reinterpret_cast<std::uintptr_t>(out1.data()));
-  cell.tag.store(1, std::memory_order_release);
+  publish_allreduce_of_rank_1(seg, n, in1, out1);
   auto work = j.ranks[0]->world()->allreduce(x0.data(), x0.data(), n, DType::Float32, ReduceOp::Sum);
   const auto until = std::chrono::steady_clock::now() + 5s;
   while (seg.slot(0).fast_done[0].reduced.load() != 1 && std::chrono::steady_clock::now() < until) {
