@@ -30,42 +30,41 @@ struct SplitReduceMin {
   bool operator==(const SplitReduceMin&) const = default;
 };
 
-// daemon.host_fast_read_kib: "auto" (the default) or a size. Auto: 2 MiB where each rank has
-// helper threads to copy with (ipc::copy_threads >= 2: cores to spare), which split a large
-// read from the cells (a 4-rank all-gather of 2 MiB: 512 KiB a cell); 1 MiB otherwise.
-struct HostFastRead {
-  static constexpr std::uint64_t kDefault = 1ull << 20;
-  static constexpr std::uint64_t kWithHelpers = 2ull << 20;
+// A size setting that is "auto" or the operator's: auto resolves to IfTrue or IfFalse by a fact
+// of the node the daemon knows at start (cores to spare, cores shared).
+template <class Self, std::uint64_t IfTrue, std::uint64_t IfFalse>
+struct AutoBytes {
   bool automatic = true;
   std::uint64_t bytes = 0;  // when not automatic
-  static HostFastRead fixed(std::uint64_t b) { return {false, b}; }
-  std::uint64_t resolve(bool helpers) const {
-    if (!automatic) return bytes;
-    return helpers ? kWithHelpers : kDefault;
+  static Self fixed(std::uint64_t b) {
+    Self s;
+    s.automatic = false;
+    s.bytes = b;
+    return s;
   }
-  bool operator==(const HostFastRead&) const = default;
+  std::uint64_t resolve(bool fact) const {
+    if (!automatic) return bytes;
+    return fact ? IfTrue : IfFalse;
+  }
+  bool operator==(const AutoBytes&) const = default;
 };
 
-// daemon.host_fast_reduce_kib: "auto" (the default) or a size. Auto: 256 KiB for 2 members,
-// x 2 / n for n, when the node's ranks and its daemon have a core each; 1 MiB for any number
-// when they share cores. A size holds for any number. Each member of a fast all-reduce reduces
-// every member's input: n times the arithmetic of the reduction split among the ranks, which
-// wins once the ranks run at once (4 ranks at 128 KiB: 2.2x on 16 cores; at 64 KiB 1.6x), while
-// on shared cores the split's hand-offs cost more than the extra reads (4 ranks at 256 KiB on
-// 2 cores: the split 2.7x slower; docs/performance.md).
-struct HostFastReduce {
-  static constexpr std::uint64_t kWithCores = 256ull << 10;
-  static constexpr std::uint64_t kSharedCores = 1ull << 20;
-  bool automatic = true;
-  std::uint64_t bytes = 0;  // when not automatic
-  static HostFastReduce fixed(std::uint64_t b) { return {false, b}; }
-  std::uint64_t resolve(bool shared_cores) const {
-    if (!automatic) return bytes;
-    return shared_cores ? kSharedCores : kWithCores;
-  }
+// daemon.host_fast_read_kib: "auto" (the default) or a size. Auto (resolve(helpers)): 2 MiB where
+// each rank has helper threads to copy with (ipc::copy_threads >= 2: cores to spare), which
+// split a large read from the cells (a 4-rank all-gather of 2 MiB: 512 KiB a cell); 1 MiB
+// otherwise.
+struct HostFastRead : AutoBytes<HostFastRead, 2ull << 20, 1ull << 20> {};
+
+// daemon.host_fast_reduce_kib: "auto" (the default) or a size. Auto (resolve(shared_cores)):
+// 256 KiB for 2 members, x 2 / n for n, when the node's ranks and its daemon have a core each;
+// 1 MiB for any number when they share cores. A size holds for any number. Each member of a fast
+// all-reduce reduces every member's input: n times the arithmetic of the reduction split among
+// the ranks, which wins once the ranks run at once (4 ranks at 128 KiB: 2.2x on 16 cores; at 64
+// KiB 1.6x), while on shared cores the split's hand-offs cost more than the extra reads (4 ranks
+// at 256 KiB on 2 cores: the split 2.7x slower; docs/performance.md).
+struct HostFastReduce : AutoBytes<HostFastReduce, 1ull << 20, 256ull << 10> {
   // Whether the resolved limit is 2 members' and shrinks as 2 / n (SegmentHeader::fast_reduce_shrinks).
   bool shrinks(bool shared_cores) const { return automatic && !shared_cores; }
-  bool operator==(const HostFastReduce&) const = default;
 };
 
 // daemon.host_single_copy_reduce_kib: "auto" (the default), a size, or "off". An all-reduce
