@@ -3,8 +3,8 @@
 // these and of the shares of reductions, arena_shares.cpp).
 #include <algorithm>
 #include <array>
-#include <span>
 #include <cstring>
+#include <span>
 
 #include "client/client_impl.hpp"
 

@@ -11,8 +11,8 @@
 // the completion, without waiting for anything, so no member can wait for ever on a live one.
 #include <algorithm>
 #include <array>
-#include <span>
 #include <cstring>
+#include <span>
 
 #include "client/client_impl.hpp"
 #include "kernels/host/host_reduce.hpp"
