@@ -93,13 +93,9 @@ void ClientImpl::reduce_share_locked(const ipc::CompletionDesc& c, std::byte* ou
     host_kernels::host_reduce(h.dtype, h.reduce_op, span, in(h.me, lo * e), hi - lo, params);
     return;
   }
-  // In parts of whole 64-element runs (no line written by two threads), over the helpers.
+  // In parts over the helpers.
   pool->run(parts, [&](int j) {
-    const auto cut = [&](int i) {
-      if (i == parts) return hi;
-      return lo + (hi - lo) * static_cast<std::uint64_t>(i) / static_cast<std::uint64_t>(parts) / 64 * 64;
-    };
-    const std::uint64_t a = cut(j), b = cut(j + 1);
+    const auto [a, b] = element_part(lo, hi, parts, j);
     if (a >= b) return;
     std::array<const void*, ipc::kMaxShareMembers> part_in{};
     for (std::uint32_t q = 0; q < h.members; ++q) part_in[q] = in(q, a * e);

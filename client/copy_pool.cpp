@@ -86,6 +86,14 @@ void CopyPool::run(int parts, const std::function<void(int)>& part) {
   if (first_) std::rethrow_exception(std::exchange(first_, nullptr));
 }
 
+std::pair<std::uint64_t, std::uint64_t> element_part(std::uint64_t lo, std::uint64_t hi, int parts, int j) {
+  const auto cut = [&](int i) {
+    if (i >= parts) return hi;
+    return std::min(hi, lo + (hi - lo) * static_cast<std::uint64_t>(i) / static_cast<std::uint64_t>(parts) / 64 * 64);
+  };
+  return {cut(j), cut(j + 1)};
+}
+
 void copy_split(CopyPool* pool, std::span<const CopyJob> jobs) {
   std::uint64_t total = 0;
   for (const CopyJob& j : jobs) total += j.bytes;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -67,6 +68,10 @@ struct CopyJob {
   const std::byte* src;
   std::uint64_t bytes;
 };
+// Part j of `parts` of the elements [lo, hi), cut at whole 64-element runs (no cache line written
+// by two threads): its [first, second), empty for a late part of a short range.
+std::pair<std::uint64_t, std::uint64_t> element_part(std::uint64_t lo, std::uint64_t hi, int parts, int j);
+
 // Runs the jobs (none overlapping another's destination, no destination overlapping a source),
 // over `pool` where there is one with helpers and they come to kSplitCopiesFrom, else one
 // memcpy each on this thread.

@@ -325,16 +325,6 @@ bool single_copy_reduce(OpType op, std::uint64_t count, ipc::DType dtype, int me
 
 namespace {
 
-// Parts of [lo, hi) elements for `parts` threads, whole 64-element runs (no cache line written
-// by two of them): part j's [first, second).
-std::pair<std::uint64_t, std::uint64_t> part_of(std::uint64_t lo, std::uint64_t hi, int parts, int j) {
-  const auto cut = [&](int i) {
-    if (i == parts) return hi;
-    return std::min(hi, lo + (hi - lo) * static_cast<std::uint64_t>(i) / static_cast<std::uint64_t>(parts) / 64 * 64);
-  };
-  return {cut(j), cut(j + 1)};
-}
-
 int parts_for(CopyPool* pool, std::uint64_t bytes) {
   if (!pool || pool->threads() < 2) return 1;
   return static_cast<int>(std::clamp<std::uint64_t>(bytes / kMinCopyPart, 1, static_cast<std::uint64_t>(pool->threads())));
@@ -358,7 +348,7 @@ void reduce_share(std::span<FastCell* const> cells, std::span<const int> pids, i
   host_kernels::ReduceParams params;
   params.premul_scale = premul_scale;
   const auto run_part = [&](int j) {
-    const auto [first, last] = part_of(lo, hi, parts, j);
+    const auto [first, last] = element_part(lo, hi, parts, j);
     std::byte* mine = scratch.data() + static_cast<std::uint64_t>(j) * per_part;
     std::array<const void*, ipc::kMaxLocalRanks> in{};
     for (std::uint64_t at = first; at < last; at += piece) {
