@@ -348,7 +348,7 @@ class ClientImpl final : public Client, public std::enable_shared_from_this<Clie
   std::unique_ptr<CopyPool> copy_pool_;
   // The pool, started with the first large copy; null where this rank copies alone.
   CopyPool* copy_pool_locked() {
-    if (!copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_);
+    if (!copy_pool_ && copy_threads_ > 1) copy_pool_ = std::make_unique<CopyPool>(copy_threads_, kSpin);
     return copy_pool_.get();
   }
   std::vector<std::byte> share_scratch_;  // an all-reduce by single copy's reads (host_fast::reduce_share)

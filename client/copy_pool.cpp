@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 namespace smddp::client {
@@ -24,65 +25,81 @@ int copy_threads_from(const char* env, int local_ranks, int cores) {
   return n;
 }
 
-CopyPool::CopyPool(int threads) : threads_(std::max(1, threads)) {
+namespace {
+
+constexpr std::uint64_t kPartBits = 0xffff;
+int next_of(std::uint64_t w) { return static_cast<int>(w & kPartBits); }
+int parts_of(std::uint64_t w) { return static_cast<int>((w >> 16) & kPartBits); }
+
+}  // namespace
+
+CopyPool::CopyPool(int threads, std::chrono::microseconds spin) : threads_(std::max(1, threads)), spin_(spin) {
   for (int j = 1; j < threads_; ++j) helpers_.emplace_back([this] { helper(); });
 }
 
 CopyPool::~CopyPool() {
-  {
-    std::lock_guard lk(mu_);
-    stop_ = true;
-  }
-  work_.notify_all();
+  stop_.store(true, std::memory_order_release);
+  bell_.ring();
   helpers_.clear();  // joins
 }
 
-void CopyPool::guarded(int j) {
+int CopyPool::take() {
+  auto w = batch_.load(std::memory_order_acquire);
+  // A helper that looked at an earlier batch fails the exchange: a part is taken from the word
+  // as it is, so never twice, and never one of a batch that ended.
+  while (next_of(w) < parts_of(w))
+    if (batch_.compare_exchange_weak(w, w + 1, std::memory_order_acquire, std::memory_order_acquire)) return next_of(w);
+  return -1;
+}
+
+void CopyPool::run_part(int j) {
   try {
     (*part_)(j);
   } catch (...) {
-    std::lock_guard lk(mu_);
+    std::lock_guard lk(error_mu_);
     if (!first_) first_ = std::current_exception();
   }
+  // Releases the part's writes (and its error) to the caller, which waits for none left.
+  unfinished_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void CopyPool::helper() {
-  std::unique_lock lk(mu_);
+  const auto work = [&] {
+    const auto w = batch_.load(std::memory_order_acquire);
+    return next_of(w) < parts_of(w) || stop_.load(std::memory_order_acquire);
+  };
   for (;;) {
-    work_.wait(lk, [&] { return stop_ || next_ < parts_; });
-    if (stop_) return;
-    const int j = next_++;
-    ++running_;
-    lk.unlock();
-    guarded(j);
-    lk.lock();
-    if (--running_ == 0 && next_ >= parts_) done_.notify_one();
+    if (!ipc::spin_for(work, spin_, false))
+      while (!work()) bell_.wait(bell_.ticket(), std::chrono::seconds(1), work);
+    if (stop_.load(std::memory_order_acquire)) return;
+    for (int j; (j = take()) >= 0;) run_part(j);
   }
 }
 
 void CopyPool::run(int parts, const std::function<void(int)>& part) {
   if (parts <= 0) return;
+  if (parts > kMaxParts)
+    throw std::invalid_argument("CopyPool::run: " + std::to_string(parts) + " parts, at most " + std::to_string(kMaxParts));
   std::lock_guard batch(run_mu_);
-  {
-    std::lock_guard lk(mu_);
-    part_ = &part;
-    first_ = nullptr;
-    parts_ = parts;
-    next_ = 1;  // part 0 is the caller's
+  // The batch before ended with every part taken and run: no helper reads these meanwhile.
+  part_ = &part;
+  first_ = nullptr;
+  unfinished_.store(parts, std::memory_order_relaxed);
+  const std::uint64_t number = (batch_.load(std::memory_order_relaxed) >> 32) + 1;
+  batch_.store(number << 32 | static_cast<std::uint64_t>(parts) << 16 | 1, std::memory_order_release);  // 0: the caller's
+  if (parts > 1) {
+    ipc::Doorbell::order_before_sleeper_checks();
+    if (bell_.has_sleepers()) bell_.ring();
   }
-  if (parts > 1) work_.notify_all();
-  guarded(0);
-  std::unique_lock lk(mu_);
+  run_part(0);
   // Parts no helper took yet are the caller's too: it never waits on a helper that is late.
-  while (next_ < parts_) {
-    const int j = next_++;
-    lk.unlock();
-    guarded(j);
-    lk.lock();
-  }
-  done_.wait(lk, [&] { return running_ == 0; });
-  parts_ = next_ = 0;
+  for (int j; (j = take()) >= 0;) run_part(j);
+  // What is left runs on helpers (a part: a copy of kCopyPart, or a share of a single copy).
+  const auto finished = [&] { return unfinished_.load(std::memory_order_acquire) == 0; };
+  if (!ipc::spin_for(finished, spin_, false))
+    while (!finished()) std::this_thread::yield();
   part_ = nullptr;
+  std::lock_guard lk(error_mu_);
   if (first_) std::rethrow_exception(std::exchange(first_, nullptr));
 }
 

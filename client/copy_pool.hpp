@@ -3,7 +3,8 @@
 // memory delivers, and the ranks of a GPU node leave most of its cores idle.
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <cstddef>
@@ -26,11 +27,16 @@ inline constexpr const char* kCopyThreadsEnv = "SMDDP_COPY_THREADS";
 // whole number from 1 to 8.
 int copy_threads_from(const char* env, int local_ranks, int cores);
 
-// One batch of parts at a time, the caller taking part 0 and waiting for the rest: not
-// Boost.Asio's thread_pool, whose fences ThreadSanitizer cannot follow.
+// One batch of parts at a time, the caller taking part 0 and whatever part no helper took yet.
+// Helpers spin for `spin` after a batch before they sleep (as a waiting rank does, kSpin), so
+// that the next collective's batch finds them awake: a sleeping thread's wake-up took tens of us
+// in a VM, as long as a 256 KiB copy. Parts are taken from one atomic word (the batch's number,
+// its parts, the next part), not under a lock; not Boost.Asio's thread_pool, whose fences
+// ThreadSanitizer cannot follow.
 class CopyPool {
  public:
-  explicit CopyPool(int threads);  // threads >= 2: threads - 1 helpers, the caller is the other
+  // threads >= 2: threads - 1 helpers, the caller is the other.
+  explicit CopyPool(int threads, std::chrono::microseconds spin = std::chrono::microseconds(50));
   ~CopyPool();
   CopyPool(const CopyPool&) = delete;
   CopyPool& operator=(const CopyPool&) = delete;
@@ -39,21 +45,27 @@ class CopyPool {
   // Runs part(0) .. part(parts - 1), part(0) on the calling thread, the others on whichever
   // thread (a helper, or the caller once done with its own) takes them first, and returns once
   // all of them did: more parts than threads balance a helper that wakes late. The first
-  // exception of any part is rethrown here.
+  // exception of any part is rethrown here. At most kMaxParts parts.
   void run(int parts, const std::function<void(int)>& part);
+  static constexpr int kMaxParts = 0xffff;
 
  private:
   void helper();
-  void guarded(int j);
+  // The next part of the batch that runs, taken: its index, or -1 when none is left.
+  int take();
+  void run_part(int j);
 
   const int threads_;
+  const std::chrono::microseconds spin_;
   std::mutex run_mu_;  // one batch at a time
-  std::mutex mu_;
-  std::condition_variable work_, done_;
+  // Bits 0-15: the next part; 16-31: the batch's parts; 32-63: the batch's number.
+  std::atomic<std::uint64_t> batch_{0};
+  std::atomic<int> unfinished_{0};                  // parts of the batch not yet run to the end
   const std::function<void(int)>* part_ = nullptr;  // the batch's parts, while one runs
-  int parts_ = 0, next_ = 0, running_ = 0;          // next_: the next part a helper takes
+  std::mutex error_mu_;
   std::exception_ptr first_;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
+  ipc::Doorbell bell_;                  // where helpers sleep between bursts
   std::vector<std::jthread> helpers_;  // last: they start once the rest is there
 };
 

@@ -65,6 +65,38 @@ TEST(CopyPool, RunsEveryPartOnceTheFirstOnTheCaller) {
   }
 }
 
+// Batches back to back, while helpers still look at the one before: no part runs twice, none of
+// an ended batch runs, and each batch's writes are the caller's once run returns.
+TEST(CopyPool, BatchesBackToBackRunEachPartOnce) {
+  CopyPool pool(4);
+  std::vector<int> ran(8);  // plain ints: the pool orders each part's write before run returns
+  for (int b = 0; b < 20000; ++b) {
+    const int parts = 1 + b % 8;
+    std::fill(ran.begin(), ran.end(), 0);
+    pool.run(parts, [&](int j) { ++ran[static_cast<std::size_t>(j)]; });
+    for (int j = 0; j < 8; ++j) ASSERT_EQ(ran[static_cast<std::size_t>(j)], j < parts ? 1 : 0) << "batch " << b;
+  }
+}
+
+// Helpers that went to sleep (no spin, and a pause between batches) are woken by the next batch
+// and take parts; a batch of more parts than the pool takes is refused.
+TEST(CopyPool, SleepingHelpersWakeForTheNextBatch) {
+  CopyPool pool(3, std::chrono::microseconds(0));
+  const auto caller = std::this_thread::get_id();
+  bool helped = false;
+  for (int b = 0; b < 50 && !helped; ++b) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::atomic<int> elsewhere{0};
+    pool.run(3, [&](int) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // long enough for a helper to come
+      if (std::this_thread::get_id() != caller) elsewhere.fetch_add(1);
+    });
+    helped = elsewhere.load() > 0;
+  }
+  EXPECT_TRUE(helped);
+  EXPECT_THROW(pool.run(CopyPool::kMaxParts + 1, [](int) {}), std::invalid_argument);
+}
+
 TEST(CopyPool, AFailingPartIsRethrownAfterTheOthersEnd) {
   CopyPool pool(3);
   std::atomic<int> finished{0};
