@@ -347,7 +347,8 @@ bool ClientImpl::number_locked(OpPlan& p, SeqState& seq) {
     rule.dtype = p.base.dtype;
     rule.count = p.base.count;
     rule.largest_input = host_fast::largest_input(op, p.base.count, p.base.dtype, p.group_size).value_or(0);
-    rule.single_copy = host_fast::single_copy(op, p.base.count, p.base.dtype, p.group_size, h.fast_single_copy_bytes);
+    rule.single_copy = host_fast::single_copy(op, p.base.count, p.base.dtype, p.group_size, h.fast_single_copy_bytes,
+                                              h.fast_single_copy_gather_wide_bytes);
     rule.takes = rule.single_copy || host_fast::fits(op, p.base.count, p.base.dtype, p.group_size, h.fast_cell_bytes,
                                                      h.fast_read_bytes, h.fast_reduce_bytes, h.fast_reduce_shrinks != 0);
     if (!rule.takes && host_fast::single_copy_reduce(op, p.base.count, p.base.dtype, p.group_size,

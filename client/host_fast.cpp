@@ -122,18 +122,25 @@ bool fits(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::ui
   return *read <= (reduce_shrinks && n > 2 ? reduce_bytes * 2 / n : reduce_bytes);
 }
 
-bool single_copy(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t single_copy_bytes) {
+bool single_copy(OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t single_copy_bytes,
+                 std::uint64_t gather_wide_from) {
   if (single_copy_bytes == 0) return false;
   switch (op) {
     case OpType::AllToAll:
     case OpType::Scatter:
       // Through shared memory every block is copied in, then out: one copy saves half at any n.
       break;
-    case OpType::AllGather:
     case OpType::Gather:
+      if (members == 2) break;
+      // Only the root reads: with 3 or 4 members it reads n - 1 inputs over its helpers (where
+      // the node resolved gather_wide_from) where the arenas' path copies every block twice.
+      if (members > 4 || gather_wide_from == 0) return false;
+      single_copy_bytes = std::max(single_copy_bytes, gather_wide_from);
+      break;
+    case OpType::AllGather:
       // Through shared memory each member copies its own block in (n - 1 blocks read each):
       // one copy saves half the copies with 2 members, a quarter with 4, where the kernel's
-      // per-page cost lost to the arenas (docs/performance.md).
+      // per-page cost lost to the cells and the arenas (docs/performance.md).
       if (members != 2) return false;
       break;
     default:

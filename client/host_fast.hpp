@@ -36,9 +36,12 @@ bool fits(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, st
 
 // Whether a call takes the fast path by single copy (FastCell::by_address), again alike on every
 // member: an alltoall or a scatter, or an all-gather or a gather of 2 members, whose largest
-// input is at least single_copy_bytes (SegmentHeader::fast_single_copy_bytes; 0: never). Then no
-// cell or read limit applies: the members read each other's inputs where they are.
-bool single_copy(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t single_copy_bytes);
+// input is at least single_copy_bytes (SegmentHeader::fast_single_copy_bytes; 0: never), or a
+// gather of 3 or 4 members whose input is also at least gather_wide_from
+// (SegmentHeader::fast_single_copy_gather_wide_bytes; 0: never). Then no cell or read limit
+// applies: the members read each other's inputs where they are.
+bool single_copy(ipc::OpType op, std::uint64_t count, ipc::DType dtype, int members, std::uint64_t single_copy_bytes,
+                 std::uint64_t gather_wide_from = 0);
 
 // Whether an all-reduce that does not take the cells (fits) takes the fast path by single copy in
 // two phases (reduce_share, then gather_shares), alike on every member, from the node's limits

@@ -123,6 +123,11 @@ struct DaemonConfig {
   // are, with process_vm_readv (SegmentHeader::fast_single_copy_bytes). nullopt: off. Off, too,
   // where the ranks cannot read each other's memory (ipc::peer_reads_unavailable).
   std::optional<std::uint64_t> host_single_copy_min_bytes = 64ull << 10;
+  // A gather of 3 or 4 members takes it from this input size (and at least the above), where
+  // the ranks have copy helpers (ipc::copy_threads): its root reads n - 1 inputs over them
+  // (SegmentHeader::fast_single_copy_gather_wide_bytes). Where they share cores the root reads
+  // alone, and the arenas measured faster.
+  static constexpr std::uint64_t kSingleCopyGatherWideFrom = 1ull << 20;
   // All-reduces beyond the cells by single copy in two phases (SingleCopyReduce).
   SingleCopyReduce host_single_copy_reduce;
   std::chrono::seconds stall_warning{60};

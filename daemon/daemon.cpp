@@ -64,7 +64,8 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
   s.arena_bytes = c.arena_bytes;
   s.chunk_bytes = c.chunk_bytes;
   s.fast_cell_bytes = c.host_fast_bytes;
-  s.fast_read_bytes = c.host_fast_read.resolve(ipc::copy_threads(l.nproc_per_node, ipc::usable_cores()) >= 2);
+  const bool helpers = ipc::copy_threads(l.nproc_per_node, ipc::usable_cores()) >= 2;
+  s.fast_read_bytes = c.host_fast_read.resolve(helpers);
   const bool shared_cores = ipc::yield_between_polls(l.nproc_per_node + 1);
   s.fast_reduce_bytes = c.host_fast_reduce.resolve(shared_cores);
   s.fast_reduce_shrinks = c.host_fast_reduce.shrinks(shared_cores);
@@ -78,6 +79,7 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
       s.fast_single_copy_reduce_bytes = r.from;
       s.fast_single_copy_reduce_upto_bytes = r.upto;
       s.fast_single_copy_reduce_wide_bytes = r.wide_from;
+      if (helpers) s.fast_single_copy_gather_wide_bytes = std::max(s.fast_single_copy_bytes, DaemonConfig::kSingleCopyGatherWideFrom);
     }
   }
   return s;

@@ -117,6 +117,8 @@ void Daemon::update_status(Clock::time_point now) {
                {"single_copy_reduce_bytes", segment_.header().fast_single_copy_reduce_bytes},
                {"single_copy_reduce_upto_bytes", segment_.header().fast_single_copy_reduce_upto_bytes},
                {"single_copy_reduce_wide_bytes", segment_.header().fast_single_copy_reduce_wide_bytes},
+               // Gathers of 3 or 4 members by single copy from this input size (0: never).
+               {"single_copy_gather_wide_bytes", segment_.header().fast_single_copy_gather_wide_bytes},
                {"single_copy_operations", host_single_copy_ops_},
                {"communicators", matcher_.fast_lane_count()}}},
              {"internode", internode_status()},

@@ -232,6 +232,7 @@ Segment Segment::create(const SegmentSpec& spec) {
     h->fast_single_copy_reduce_bytes = spec.fast_single_copy_reduce_bytes;
     h->fast_single_copy_reduce_upto_bytes = spec.fast_single_copy_reduce_upto_bytes;
     h->fast_single_copy_reduce_wide_bytes = spec.fast_single_copy_reduce_wide_bytes;
+    h->fast_single_copy_gather_wide_bytes = spec.fast_single_copy_gather_wide_bytes;
   }
   std::strncpy(h->job_id, spec.job_id.c_str(), kJobIdBytes - 1);
   seg.header_ = h;

@@ -29,7 +29,7 @@ class mapped_region;
 namespace smddp::ipc {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x31474553'50444d53ULL;  // "SMDPSEG1"
-inline constexpr std::uint32_t kLayoutVersion = 16;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
+inline constexpr std::uint32_t kLayoutVersion = 17;  // 3: completion kinds and rank-side plans; 4: kFlagRankFast;
                                                      // 5: released allocations; 6: reads from the members' arenas;
                                                      // 7: hierarchical GPU operations, staged bytes;
                                                      // 8: the host fast path's cells; 9: shares reduced by the ranks;
@@ -41,6 +41,7 @@ inline constexpr std::uint32_t kLayoutVersion = 16;  // 3: completion kinds and 
                                                      // 15: the input from the cell's first line,
                                                      //     FastDone::given_up on a line of its own
                                                      // 16: all-reduce by single copy (FastDone::reduced)
+                                                     // 17: gathers of 3-4 members by single copy
 inline constexpr std::size_t kRequestRingCapacity = 256;
 inline constexpr std::size_t kCompletionRingCapacity = 256;
 inline constexpr int kMaxLocalRanks = 64;
@@ -141,6 +142,10 @@ struct SegmentHeader {
   std::uint64_t fast_single_copy_reduce_bytes = 0;
   std::uint64_t fast_single_copy_reduce_upto_bytes = 0;
   std::uint64_t fast_single_copy_reduce_wide_bytes = 0;
+  // A gather of 3 or 4 members takes the fast path by single copy from this input size (0:
+  // never): its root reads the others' inputs where they are, over its copy helpers, so only
+  // where the ranks have them.
+  std::uint64_t fast_single_copy_gather_wide_bytes = 0;
   char job_id[kJobIdBytes] = {};
   std::atomic<std::uint32_t> state{0};
   std::atomic<std::uint64_t> heartbeat{0};
@@ -250,6 +255,7 @@ struct SegmentSpec {
   std::uint64_t fast_single_copy_reduce_bytes = 0;
   std::uint64_t fast_single_copy_reduce_upto_bytes = 0;
   std::uint64_t fast_single_copy_reduce_wide_bytes = 0;
+  std::uint64_t fast_single_copy_gather_wide_bytes = 0;  // see SegmentHeader's
 };
 
 std::uint64_t segment_bytes_for(const SegmentSpec& spec);

@@ -66,6 +66,7 @@ struct Job {
                                std::uint64_t single_copy_reduce) {
     auto s = small_spec(job, n, n);
     s.fast_single_copy_bytes = single_copy;
+    s.fast_single_copy_gather_wide_bytes = single_copy;  // gathers of 3-4 members from the same size
     s.fast_single_copy_reduce_bytes = single_copy_reduce;
     s.fast_single_copy_reduce_wide_bytes = single_copy_reduce;
     s.fast_cell_bytes = cell;
@@ -701,8 +702,15 @@ TEST(HostFastSingleCopy, TakesAlltoallScatterAndTwoMembersGathersFromItsSizeOn) 
   EXPECT_FALSE(single_copy(OpType::AllGather, 2047, DType::Float32, 2, kSingleCopy));
   EXPECT_FALSE(single_copy(OpType::AllGather, 1 << 20, DType::Float32, 2, 0));  // off
   EXPECT_TRUE(single_copy(OpType::Gather, 2048, DType::Float32, 2, kSingleCopy));
-  EXPECT_FALSE(single_copy(OpType::AllGather, 1 << 20, DType::Float32, 3, kSingleCopy));
+  EXPECT_FALSE(single_copy(OpType::AllGather, 1 << 20, DType::Float32, 3, kSingleCopy, kSingleCopy));
+  // A gather of 3 or 4 members from the larger of the two sizes, where the node resolved one.
   EXPECT_FALSE(single_copy(OpType::Gather, 1 << 20, DType::Float32, 4, kSingleCopy));
+  EXPECT_TRUE(single_copy(OpType::Gather, 1 << 16, DType::Float32, 4, kSingleCopy, 256 << 10));
+  EXPECT_FALSE(single_copy(OpType::Gather, (1 << 16) - 1, DType::Float32, 3, kSingleCopy, 256 << 10));
+  EXPECT_TRUE(single_copy(OpType::Gather, 2048, DType::Float32, 3, kSingleCopy, 4096));
+  EXPECT_FALSE(single_copy(OpType::Gather, 2047, DType::Float32, 3, kSingleCopy, 4096));  // below kSingleCopy
+  EXPECT_FALSE(single_copy(OpType::Gather, 1 << 20, DType::Float32, 5, kSingleCopy, 4096));
+  EXPECT_FALSE(single_copy(OpType::Gather, 1 << 20, DType::Float32, 4, 0, 4096));  // off
   // The scatter root's and alltoall's n blocks are the largest input.
   EXPECT_TRUE(single_copy(OpType::Scatter, 1024, DType::Float32, 2, kSingleCopy));
   EXPECT_FALSE(single_copy(OpType::Scatter, 1023, DType::Float32, 2, kSingleCopy));
@@ -734,11 +742,11 @@ TEST(HostFastSingleCopy, AMemberPublishesItsOwnInputUnlessItsWritesWouldChangeIt
 // an all-reduce of that size still goes through the daemon.
 TEST(HostFastSingleCopy, EveryCollectiveThatTakesItComputesTheRightOutputAboveTheCell) {
   SKIP_WITHOUT_PEER_READS();
-  for (int members : {2, 3}) {
+  for (int members : {2, 3, 4}) {
     SCOPED_TRACE(members);
     Job j(members, kCell, 1ull << 20, 1ull << 20, false, kSingleCopy);
     const auto nm = static_cast<std::uint64_t>(members);
-    const bool pair = members == 2;  // all-gather and gather too
+    const bool pair = members == 2;  // all-gather too
     constexpr std::uint64_t n = 4 * kCell / 4;  // float32 elements of a block
     j.each([&](int r) {
       auto w = j.ranks[static_cast<std::size_t>(r)]->world();
@@ -752,16 +760,23 @@ TEST(HostFastSingleCopy, EveryCollectiveThatTakesItComputesTheRightOutputAboveTh
         w->allgather(in.data(), out.data(), n, DType::Float32)->wait(10000ms);
         for (std::uint64_t i = 0; i < nm * n; ++i) ASSERT_EQ(out[i], value(i / n, i % n)) << "allgather " << i;
 
-        std::fill(out.begin(), out.end(), -1.f);
-        w->gather(in.data(), out.data(), n, DType::Float32, 0)->wait(10000ms);
-        for (std::uint64_t i = 0; i < nm * n && r == 0; ++i) ASSERT_EQ(out[i], value(i / n, i % n)) << "gather " << i;
-
         // In place: the input is its block of the output, published as it is.
         auto g = std::vector<float>(nm * n, -1);
         std::copy_n(in.begin(), n, g.begin() + static_cast<std::ptrdiff_t>(rr * n));
         w->allgather(g.data() + rr * n, g.data(), n, DType::Float32)->wait(10000ms);
         for (std::uint64_t i = 0; i < nm * n; ++i) ASSERT_EQ(g[i], value(i / n, i % n)) << "in-place allgather " << i;
       }
+
+      std::fill(out.begin(), out.end(), -1.f);
+      w->gather(in.data(), out.data(), n, DType::Float32, 0)->wait(10000ms);
+      for (std::uint64_t i = 0; i < nm * n && r == 0; ++i) ASSERT_EQ(out[i], value(i / n, i % n)) << "gather " << i;
+
+      // In place at the last rank, the root: its input is its block of the output.
+      const int root = members - 1;
+      auto g = std::vector<float>(nm * n, -1);
+      std::copy_n(in.begin(), n, g.begin() + static_cast<std::ptrdiff_t>(rr * n));
+      w->gather(g.data() + rr * n, g.data(), n, DType::Float32, root)->wait(10000ms);
+      for (std::uint64_t i = 0; i < nm * n && r == root; ++i) ASSERT_EQ(g[i], value(i / n, i % n)) << "in-place gather " << i;
 
       w->scatter(in.data(), out.data(), n, DType::Float32, 1)->wait(10000ms);
       for (std::uint64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], value(1, rr * n + i)) << "scatter " << i;
@@ -778,7 +793,7 @@ TEST(HostFastSingleCopy, EveryCollectiveThatTakesItComputesTheRightOutputAboveTh
       w->allreduce(in.data(), out.data(), n, DType::Float32, ReduceOp::Sum)->wait(10000ms);  // through the daemon
     });
     j.daemon.settle();
-    const std::size_t single = (pair ? 6u : 3u) * nm;
+    const std::size_t single = (pair ? 7u : 5u) * nm;
     EXPECT_EQ(j.single_copy_requests(), single);
     EXPECT_EQ(j.fast_requests(), single);
     EXPECT_EQ(j.daemon.requests().size(), single + nm);
