@@ -120,15 +120,8 @@ void copy_split(CopyPool* pool, std::span<const CopyJob> jobs) {
     return;
   }
   const auto parts = static_cast<int>(std::min<std::uint64_t>(64, (total + kCopyPart - 1) / kCopyPart));
-  pool->run(parts, [&](int p) {
-    const std::uint64_t begin = total * static_cast<std::uint64_t>(p) / static_cast<std::uint64_t>(parts);
-    const std::uint64_t end = total * static_cast<std::uint64_t>(p + 1) / static_cast<std::uint64_t>(parts);
-    std::uint64_t at = 0;  // where the job starts among all the bytes
-    for (const CopyJob& j : jobs) {
-      const std::uint64_t lo = std::max(begin, at), hi = std::min(end, at + j.bytes);
-      if (lo < hi) std::memcpy(j.dst + (lo - at), j.src + (lo - at), hi - lo);
-      at += j.bytes;
-    }
+  run_parts(*pool, jobs, total, parts, 1, [](const CopyJob& j, std::uint64_t from, std::uint64_t n) {
+    std::memcpy(j.dst + from, j.src + from, n);
   });
 }
 

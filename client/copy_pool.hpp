@@ -3,6 +3,7 @@
 // memory delivers, and the ranks of a GPU node leave most of its cores idle.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -83,6 +84,25 @@ struct CopyJob {
 // Part j of `parts` of the elements [lo, hi), cut at whole 64-element runs (no cache line written
 // by two threads): its [first, second), empty for a late part of a short range.
 std::pair<std::uint64_t, std::uint64_t> element_part(std::uint64_t lo, std::uint64_t hi, int parts, int j);
+
+// Cuts the bytes of `pieces` (each with a `bytes` member; `total` of them), laid end to end, into
+// `parts` parts at multiples of `align` and runs them over `pool`: copy(piece, from, n) for the n
+// bytes of a piece, from byte `from` of it, that fall in one part.
+template <class Piece, class Copy>
+void run_parts(CopyPool& pool, std::span<const Piece> pieces, std::uint64_t total, int parts, std::uint64_t align,
+               Copy&& copy) {
+  const auto n = static_cast<std::uint64_t>(parts);
+  const auto cut = [&](int i) { return i >= parts ? total : total * static_cast<std::uint64_t>(i) / n / align * align; };
+  pool.run(parts, [&](int j) {
+    const std::uint64_t begin = cut(j), end = cut(j + 1);
+    std::uint64_t at = 0;  // where the piece starts among all the bytes
+    for (const Piece& p : pieces) {
+      const std::uint64_t lo = std::max(begin, at), hi = std::min(end, at + p.bytes);
+      if (lo < hi) copy(p, lo - at, hi - lo);
+      at += p.bytes;
+    }
+  });
+}
 
 // Runs the jobs (none overlapping another's destination, no destination overlapping a source),
 // over `pool` where there is one with helpers and they come to kSplitCopiesFrom, else one

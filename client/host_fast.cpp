@@ -242,16 +242,8 @@ void copy_in_parts(std::span<const Piece> pieces, CopyPool* pool, Copy&& copy, s
     return;
   }
   constexpr std::uint64_t page = 4096;
-  pool->run(parts, [&](int j) {
-    const std::uint64_t begin = total * static_cast<std::uint64_t>(j) / static_cast<std::uint64_t>(parts) / page * page;
-    const std::uint64_t end =
-        j + 1 == parts ? total : total * static_cast<std::uint64_t>(j + 1) / static_cast<std::uint64_t>(parts) / page * page;
-    std::uint64_t at = 0;  // where the piece starts among all the bytes
-    for (const Piece& p : pieces) {
-      const std::uint64_t lo = std::max(begin, at), hi = std::min(end, at + p.bytes);
-      if (lo < hi) copy(p.m, p.offset + (lo - at), p.dst + (lo - at), hi - lo);
-      at += p.bytes;
-    }
+  run_parts(*pool, pieces, total, parts, page, [&](const Piece& p, std::uint64_t from, std::uint64_t n) {
+    copy(p.m, p.offset + from, p.dst + from, n);
   });
 }
 

@@ -183,9 +183,13 @@ std::uint64_t ClientImpl::publish_cell_locked(OpPlan& p, std::uint64_t in_span, 
     if (by_shares(p)) ipc::Segment::set_fast_output_address(cell, reinterpret_cast<std::uintptr_t>(p.out));
   } else {
     cell.by_address = 0;
-    // A large input over the helpers too: the members wait for it before they read.
-    const CopyJob job{ipc::Segment::fast_input(cell), p.in, bytes};
-    copy_split(bytes >= kSplitCopiesFrom ? copy_pool_locked() : nullptr, {&job, 1});
+    if (bytes >= kSplitCopiesFrom) {
+      // Over the helpers too: the members wait for it before they read.
+      const CopyJob job{ipc::Segment::fast_input(cell), p.in, bytes};
+      copy_split(copy_pool_locked(), {&job, 1});
+    } else if (bytes) {
+      std::memcpy(ipc::Segment::fast_input(cell), p.in, bytes);  // a small op's: no call out of line
+    }
   }
   cell.comm_id = p.base.comm_id;
   cell.seq = static_cast<std::uint32_t>(p.base.seq);

@@ -79,7 +79,9 @@ ipc::SegmentSpec spec_of(const JobLayout& l, const DaemonConfig& c) {
       s.fast_single_copy_reduce_bytes = r.from;
       s.fast_single_copy_reduce_upto_bytes = r.upto;
       s.fast_single_copy_reduce_wide_bytes = r.wide_from;
-      if (helpers) s.fast_single_copy_gather_wide_bytes = std::max(s.fast_single_copy_bytes, DaemonConfig::kSingleCopyGatherWideFrom);
+      if (helpers)
+        s.fast_single_copy_gather_wide_bytes =
+            std::max(s.fast_single_copy_bytes, DaemonConfig::kSingleCopyGatherWideFrom);
     }
   }
   return s;
